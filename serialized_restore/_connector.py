@@ -1,0 +1,246 @@
+"""The serialized checkpoint connector: Lightning's two restore stages, run in turns.
+
+Lightning restores a checkpoint in two stages (``trainer/connectors/checkpoint_connector.py``):
+
+1. ``_restore_modules_and_callbacks`` before ``strategy.setup``: read the file, ``LightningModule.on_load_checkpoint``,
+   the model weights, the datamodule, the callbacks.
+2. ``restore_training_state`` after it: precision plugin, loops, and for ``fit`` the optimizers and lr schedulers.
+
+then ``resume_end`` drops the cached checkpoint dict. Upstream, every rank holds the whole dict from stage 1 to
+``resume_end``: N copies per node. Here, with ``serialized_checkpoint_loading`` on, both stages run as turns of
+:class:`~serialized_restore._turns.TurnSchedule` and memory is released as soon as it is no longer needed:
+
+* stage 1, in the rank's turn: the checkpoint is read (memory-mapped when possible), the hooks run in upstream order
+  on the complete dict, the weights are copied into the model. At the end of the turn the rank drops the model
+  ``state_dict`` and, for validate/test/predict, the optimizer and lr scheduler states. For ``fit`` the optimizer
+  state stays only as file-backed pages when memory-mapped; when read eagerly it is dropped and read again in
+  stage 2, unless a hook changed it (then it is kept, so the change is not lost).
+* stage 2, in the rank's turn: optimizer state is copied into private memory (or read again), handed to the
+  optimizers, and the rest of the cached dict is dropped at the end of the turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from serialized_restore._flavour import flavour_of
+from serialized_restore._options import SerializedLoading
+from serialized_restore._readers import clone_tensors, read_checkpoint
+from serialized_restore._turns import RankPlacement, TurnSchedule
+
+STAGE_MODULES = "restore modules and callbacks"
+STAGE_TRAINING_STATE = "restore training state"
+
+# the methods through which a strategy restores; a subclass that overrides any of them may run collectives there
+_RESTORE_METHODS = ("load_checkpoint", "load_model_state_dict", "load_optimizer_state_dict")
+
+
+class _SerializedCheckpointConnectorMixin:
+    """Mixed into the flavour's ``_CheckpointConnector``; see the module docstring."""
+
+    trainer: Any
+    _loaded_checkpoint: dict[str, Any]
+    _ckpt_path: Any
+
+    def __init__(self, trainer: Any, options: SerializedLoading) -> None:
+        super().__init__(trainer)  # type: ignore[call-arg]
+        self._options = options
+        self._schedule: Optional[TurnSchedule] = None
+        self._reading_in_turn = False
+        self._reader_used = ""
+        self._bytes_read = 0
+        self._weights_only: Optional[bool] = None
+        self._reread_optimizer_states = False
+        self._optimizer_fingerprint: Optional[_Fingerprint] = None
+        self._warned_strategies: set[type] = set()
+        flavour = flavour_of(self)
+        self._log = logging.getLogger(f"{flavour.pytorch}.serialized_restore")
+
+    # ------------------------------------------------------------- stage 1
+
+    def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, weights_only: Optional[bool] = None) -> None:
+        """(all ranks) Stage 1 in turns: read, hooks, weights, datamodule, callbacks; then free what stage 2 won't use."""
+        if not checkpoint_path or not self._options.enabled or not self._strategy_supported():
+            self._schedule = None
+            super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
+            return
+        schedule = self._make_schedule(checkpoint_path)
+        self._weights_only = weights_only
+        with schedule.turn(STAGE_MODULES) as record:
+            self._reading_in_turn = True
+            try:
+                super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
+            finally:
+                self._reading_in_turn = False
+            record.bytes_read = self._bytes_read
+            self._release_after_modules()
+        self._schedule = schedule
+
+    def resume_start(self, checkpoint_path: Any = None, weights_only: Optional[bool] = None) -> None:
+        """Upstream's ``resume_start``, reading with the turn's reader when called inside a turn."""
+        if not self._reading_in_turn:
+            super().resume_start(checkpoint_path, weights_only)  # type: ignore[misc]
+            return
+        self._ckpt_path = checkpoint_path
+        self._rank_zero_info(f"Restoring states from the checkpoint path at {checkpoint_path}")
+        loaded = self._read(checkpoint_path, weights_only, self._options.reader)
+        self._reader_used = loaded[1]
+        self._bytes_read = loaded[2]
+        self._loaded_checkpoint = loaded[0]
+        if self._reader_used == "eager" and self._fitting():
+            self._optimizer_fingerprint = _Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
+
+    def _release_after_modules(self) -> None:
+        """(one rank, end of its stage-1 turn) Drop what the second stage does not need."""
+        checkpoint = self._loaded_checkpoint
+        if "state_dict" in checkpoint:
+            # keep the key, so that the dict never turns empty (upstream skips stage 2 for an empty dict)
+            checkpoint["state_dict"] = {}
+        if not self._fitting():
+            checkpoint.pop("optimizer_states", None)
+            checkpoint.pop("lr_schedulers", None)
+        elif self._reader_used == "eager" and "optimizer_states" in checkpoint:
+            unchanged = _Fingerprint(checkpoint["optimizer_states"]) == self._optimizer_fingerprint
+            if unchanged:
+                del checkpoint["optimizer_states"]
+                self._reread_optimizer_states = True
+            else:
+                self._log.info(
+                    "serialized restore: a hook changed checkpoint['optimizer_states']; keeping it in memory until"
+                    " the optimizers are restored instead of reading it again."
+                )
+        self._optimizer_fingerprint = None
+
+    # ------------------------------------------------------------- stage 2
+
+    def restore_training_state(self) -> None:
+        """(all ranks) Stage 2 in turns: precision plugin, loops, optimizers, lr schedulers; then free the rest."""
+        schedule, self._schedule = self._schedule, None
+        if schedule is None:
+            super().restore_training_state()  # type: ignore[misc]
+            return
+        with schedule.turn(STAGE_TRAINING_STATE) as record:
+            record.bytes_read = self._prepare_optimizer_states()
+            super().restore_training_state()  # type: ignore[misc]
+            self._loaded_checkpoint = {}
+
+    def _prepare_optimizer_states(self) -> int:
+        """Give the cached dict optimizer state in private memory; return the bytes read or copied."""
+        if not self._fitting():
+            return 0
+        if self._reread_optimizer_states:
+            self._reread_optimizer_states = False
+            reread = self._read(self._ckpt_path, self._weights_only, "eager")
+            self._loaded_checkpoint["optimizer_states"] = reread[0]["optimizer_states"]
+            return reread[2]
+        if self._reader_used == "mmap" and "optimizer_states" in self._loaded_checkpoint:
+            states, copied = clone_tensors(self._loaded_checkpoint["optimizer_states"])
+            self._loaded_checkpoint["optimizer_states"] = states
+            return copied
+        return 0
+
+    def resume_end(self) -> None:
+        self._schedule = None
+        self._reread_optimizer_states = False
+        super().resume_end()  # type: ignore[misc]
+
+    # ------------------------------------------------------------- helpers
+
+    def _read(self, checkpoint_path: Any, weights_only: Optional[bool], reader: str) -> tuple[dict[str, Any], str, int]:
+        flavour = flavour_of(self)
+        legacy_patch = flavour.import_("utilities.migration", "pl_legacy_patch")
+        migrate = flavour.import_("utilities.migration.utils", "_pl_migrate_checkpoint")
+        with legacy_patch():
+            loaded = read_checkpoint(self.trainer.strategy, checkpoint_path, weights_only, reader, self._log)
+        return migrate(loaded.checkpoint, checkpoint_path), loaded.reader, loaded.bytes_read
+
+    def _fitting(self) -> bool:
+        return self.trainer.state.fn == "fit"
+
+    def _rank_zero_info(self, message: str) -> None:
+        flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(message)
+
+    def _strategy_supported(self) -> bool:
+        """Whether the strategy restores without collectives, so that its restore may run in turns."""
+        strategy = self.trainer.strategy
+        flavour = flavour_of(self)
+        bases = (flavour.import_("strategies", "DDPStrategy"), flavour.import_("strategies", "SingleDeviceStrategy"))
+        base = next((b for b in bases if isinstance(strategy, b)), None)
+        overridden = (
+            [m for m in _RESTORE_METHODS if getattr(type(strategy), m) is not getattr(base, m)] if base else []
+        )
+        if base is not None and not overridden and not strategy.restore_checkpoint_after_setup:
+            return True
+        if type(strategy) not in self._warned_strategies:
+            self._warned_strategies.add(type(strategy))
+            why = (
+                f"it overrides {', '.join(overridden)}"
+                if overridden
+                else "its restore may run collectives, which cannot run while ranks take turns"
+            )
+            flavour.import_("utilities.rank_zero", "rank_zero_warn")(
+                f"`Trainer(serialized_checkpoint_loading={self._options.value!r})` has no effect with"
+                f" {type(strategy).__name__}: {why}. The checkpoint is restored as upstream Lightning does."
+            )
+        return False
+
+    def _make_schedule(self, checkpoint_path: Any) -> TurnSchedule:
+        strategy = self.trainer.strategy
+        initialized = dist.is_available() and dist.is_initialized()
+        placement = RankPlacement(
+            global_rank=strategy.global_rank,
+            world_size=strategy.world_size,
+            node_rank=strategy.node_rank,
+            local_rank=strategy.local_rank,
+            local_world_size=max(1, int(getattr(strategy, "num_processes", 1))),
+        )
+        store = dist.distributed_c10d._get_default_store() if initialized and placement.world_size > 1 else None
+        assert self._options.max_concurrent is not None
+        return TurnSchedule(
+            store=store,
+            placement=placement,
+            max_concurrent=self._options.max_concurrent,
+            checkpoint_path=str(checkpoint_path),
+            turn_timeout=self._options.turn_timeout,
+            heartbeat_timeout=self._options.heartbeat_timeout,
+            logger=self._log,
+        )
+
+
+class _Fingerprint:
+    """A cheap structural snapshot: tensors by identity and version counter, plain leaves by value.
+
+    Two snapshots are equal when nothing was added, removed, replaced or changed in place in between. The tensors
+    themselves are referenced so that their ``id`` cannot be reused while the snapshot lives.
+    """
+
+    def __init__(self, obj: Any) -> None:
+        self.shape: list[Any] = []
+        self._tensors: list[torch.Tensor] = []
+        self._visit(obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Fingerprint) and self.shape == other.shape
+
+    def _visit(self, value: Any) -> None:
+        out = self.shape
+        if isinstance(value, torch.Tensor):
+            self._tensors.append(value)
+            out.append(("tensor", id(value), value._version))
+        elif isinstance(value, dict):
+            out.append(("dict", len(value)))
+            for key, item in value.items():
+                out.append(key)
+                self._visit(item)
+        elif isinstance(value, (list, tuple)):
+            out.append((type(value), len(value)))
+            for item in value:
+                self._visit(item)
+        elif value is None or isinstance(value, (bool, int, float, str, bytes)):
+            out.append(value)
+        else:
+            out.append(("object", id(value)))

@@ -1,0 +1,128 @@
+"""How checkpoint bytes are read: memory-mapped where possible, else through the strategy's ``CheckpointIO``.
+
+The turn schedule (``_turns.py``) decides *when* a rank reads; this module decides *how*.
+
+* ``mmap``: ``torch.load(path, mmap=True, weights_only=...)``. Tensors are views of the file's pages in the page
+  cache: clean, shared by every process on the node that maps the same file, and dropped by the kernel under
+  pressure. Nothing of the checkpoint is copied into a rank's private (anonymous) memory until the rank copies it
+  into its model or optimizer. Used only for a local, zip-format file read by Lightning's stock
+  ``TorchCheckpointIO``, since a custom ``CheckpointIO`` may do anything.
+* ``eager``: ``strategy.load_checkpoint(path, weights_only=...)``, exactly what upstream Lightning does: the whole
+  file is unpickled into the rank's private memory.
+
+Both pass ``weights_only`` through unchanged, so its meaning is upstream's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from serialized_restore._flavour import flavour_of
+
+log = logging.getLogger(__name__)
+
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint dict and how it was read."""
+
+    checkpoint: dict[str, Any]
+    reader: str
+    bytes_read: int
+
+
+def local_path(path: Any) -> Optional[str]:
+    """The checkpoint's path on the local file system, or ``None`` for a URL or a file-like object."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str):
+        return None
+    if path.startswith("file://"):
+        return path[len("file://") :]
+    if "://" in path:
+        return None
+    return path
+
+
+def _file_size(path: Optional[str]) -> int:
+    try:
+        return os.path.getsize(path) if path is not None else 0
+    except OSError:
+        return 0
+
+
+def mmap_unsupported_reason(strategy: Any, path: Any) -> Optional[str]:
+    """Why ``path`` cannot be memory-mapped for ``strategy``, or ``None`` if it can."""
+    checkpoint_io_cls = flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True)
+    if type(strategy.checkpoint_io) is not checkpoint_io_cls:
+        return f"the strategy's CheckpointIO is {type(strategy.checkpoint_io).__name__}, not TorchCheckpointIO"
+    local = local_path(path)
+    if local is None:
+        return f"{path!r} is not a local path"
+    if not os.path.isfile(local):
+        return f"{path!r} is not a file"
+    with open(local, "rb") as f:
+        if f.read(4) != _ZIP_MAGIC:
+            return f"{path!r} is not in torch's zip format (saved with `_use_new_zipfile_serialization=False`?)"
+    return None
+
+
+def read_checkpoint(
+    strategy: Any, path: Any, weights_only: Optional[bool], reader: str, logger: logging.Logger = log
+) -> LoadedCheckpoint:
+    """(one rank, inside its turn) Read the whole checkpoint with the chosen reader.
+
+    ``reader`` is ``"auto"`` (mmap when possible, else eager), ``"mmap"`` (same, but the fallback is logged at INFO)
+    or ``"eager"``.
+    """
+    if reader != "eager":
+        reason = mmap_unsupported_reason(strategy, path)
+        if reason is None:
+            local = local_path(path)
+            assert local is not None
+            checkpoint = torch.load(
+                local,
+                map_location=lambda storage, loc: storage,  # as TorchCheckpointIO: keep the saved device
+                weights_only=weights_only,
+                mmap=True,
+            )
+            return LoadedCheckpoint(checkpoint, "mmap", _file_size(local))
+        (logger.info if reader == "mmap" else log.debug)(f"Reading {path!r} eagerly instead of memory-mapped: {reason}.")
+    checkpoint = strategy.load_checkpoint(path, weights_only=weights_only)
+    return LoadedCheckpoint(checkpoint, "eager", _file_size(local_path(path)))
+
+
+def clone_tensors(obj: Any) -> tuple[Any, int]:
+    """Copy every tensor in a nested structure of dicts, lists and tuples into fresh private memory.
+
+    Used on memory-mapped optimizer state before an optimizer adopts it, so that no long-lived training state stays
+    backed by the checkpoint file (which may later be replaced while the job runs). Containers are updated in place
+    where they are mutable so that a tensor is released as soon as its copy exists.
+    """
+    copied = 0
+
+    def visit(value: Any) -> Any:
+        nonlocal copied
+        if isinstance(value, torch.Tensor):
+            copied += value.nbytes
+            return value.clone()
+        if isinstance(value, dict):
+            for key in list(value):
+                value[key] = visit(value[key])
+            return value
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                value[i] = visit(item)
+            return value
+        if isinstance(value, tuple):
+            return type(value)(*map(visit, value)) if hasattr(value, "_fields") else tuple(map(visit, value))
+        return value
+
+    return visit(obj), copied

@@ -1,0 +1,36 @@
+"""The ``Trainer`` subclass: upstream's Trainer plus ``serialized_checkpoint_loading``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Union
+
+from serialized_restore._connector import _SerializedCheckpointConnectorMixin
+from serialized_restore._options import SerializedLoading
+
+
+@functools.lru_cache(maxsize=None)
+def _connector_class(base: type) -> type:
+    return type("_SerializedCheckpointConnector", (_SerializedCheckpointConnectorMixin, base), {})
+
+
+class SerializedRestoreTrainerMixin:
+    """Adds ``serialized_checkpoint_loading`` to a Lightning ``Trainer``; every other argument is upstream's.
+
+    Args:
+        serialized_checkpoint_loading: ``False`` (default) restores exactly as upstream. ``True``: the local ranks
+            of each node restore one at a time, nodes in parallel, each freeing what it no longer needs as soon as
+            it is restored. A positive int ``k``: at most ``k`` local ranks of a node restore at once.
+    """
+
+    def __init__(self, *args: Any, serialized_checkpoint_loading: Union[bool, int] = False, **kwargs: Any) -> None:
+        options = SerializedLoading.parse(serialized_checkpoint_loading)
+        super().__init__(*args, **kwargs)
+        connector = self._checkpoint_connector  # type: ignore[has-type]
+        self._checkpoint_connector = _connector_class(type(connector))(self, options)
+        self._serialized_loading = options
+
+    @property
+    def serialized_checkpoint_loading(self) -> Union[bool, int]:
+        """The value the Trainer was built with."""
+        return self._serialized_loading.value  # type: ignore[return-value]

@@ -1,0 +1,63 @@
+"""Runs ``tests/helpers/job.py`` as a real process tree with a hard timeout, and reads what every rank wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+JOB = Path(__file__).with_name("job.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    elapsed: float
+    output: str
+    ranks: dict[int, dict[str, Any]]
+    errors: dict[int, dict[str, Any]]
+
+
+def run_job(config: dict[str, Any], timeout: float = 120.0, env: Optional[dict[str, str]] = None) -> JobResult:
+    """Run one job (all its ranks) and return every rank's result; kill the whole process group on timeout."""
+    out = Path(config["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, str(JOB), json.dumps(config)],
+        cwd=out,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"job did not finish within {timeout}s:\n{output[-6000:]}") from None
+    finally:
+        # children of Lightning's launcher live in the same session: never leave one behind
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    ranks = {}
+    errors = {}
+    for path in out.glob("rank*.pt"):
+        ranks[int(path.stem[4:])] = torch.load(path, weights_only=False)
+    for path in out.glob("rank*.error.json"):
+        errors[int(path.name[4:].split(".")[0])] = json.loads(path.read_text())
+    return JobResult(proc.returncode, time.monotonic() - started, output, ranks, errors)
