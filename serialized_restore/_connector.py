@@ -63,7 +63,7 @@ class _SerializedCheckpointConnectorMixin:
     # ------------------------------------------------------------- stage 1
 
     def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, weights_only: Optional[bool] = None) -> None:
-        """(all ranks) Stage 1 in turns: read, hooks, weights, datamodule, callbacks; then free what stage 2 won't use."""
+        """(all ranks) Stage 1 in turns: read, hooks, weights, datamodule, callbacks; then free the rest."""
         if not checkpoint_path or not self._options.enabled or not self._strategy_supported():
             self._schedule = None
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
@@ -170,9 +170,7 @@ class _SerializedCheckpointConnectorMixin:
         flavour = flavour_of(self)
         bases = (flavour.import_("strategies", "DDPStrategy"), flavour.import_("strategies", "SingleDeviceStrategy"))
         base = next((b for b in bases if isinstance(strategy, b)), None)
-        overridden = (
-            [m for m in _RESTORE_METHODS if getattr(type(strategy), m) is not getattr(base, m)] if base else []
-        )
+        overridden = [m for m in _RESTORE_METHODS if getattr(type(strategy), m) is not getattr(base, m)] if base else []
         if base is not None and not overridden and not strategy.restore_checkpoint_after_setup:
             return True
         if type(strategy) not in self._warned_strategies:
@@ -191,11 +189,12 @@ class _SerializedCheckpointConnectorMixin:
     def _make_schedule(self, checkpoint_path: Any) -> TurnSchedule:
         strategy = self.trainer.strategy
         initialized = dist.is_available() and dist.is_initialized()
+        trainer = self.trainer
         placement = RankPlacement(
-            global_rank=strategy.global_rank,
-            world_size=strategy.world_size,
-            node_rank=strategy.node_rank,
-            local_rank=strategy.local_rank,
+            global_rank=trainer.global_rank,
+            world_size=trainer.world_size,
+            node_rank=trainer.node_rank,
+            local_rank=trainer.local_rank,
             local_world_size=max(1, int(getattr(strategy, "num_processes", 1))),
         )
         store = dist.distributed_c10d._get_default_store() if initialized and placement.world_size > 1 else None

@@ -69,7 +69,9 @@ def _positive_float_env(name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError as err:
-        raise ValueError(f"`{name}={raw!r}` is not a number of seconds. Set it to a positive number, e.g. 600.") from err
+        raise ValueError(
+            f"`{name}={raw!r}` is not a number of seconds. Set it to a positive number, e.g. 600."
+        ) from err
     if not value > 0:
         raise ValueError(f"`{name}={raw!r}` must be a positive number of seconds, e.g. 600.")
     return value

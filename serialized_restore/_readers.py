@@ -94,7 +94,9 @@ def read_checkpoint(
                 mmap=True,
             )
             return LoadedCheckpoint(checkpoint, "mmap", _file_size(local))
-        (logger.info if reader == "mmap" else log.debug)(f"Reading {path!r} eagerly instead of memory-mapped: {reason}.")
+        (logger.info if reader == "mmap" else log.debug)(
+            f"Reading {path!r} eagerly instead of memory-mapped: {reason}."
+        )
     checkpoint = strategy.load_checkpoint(path, weights_only=weights_only)
     return LoadedCheckpoint(checkpoint, "eager", _file_size(local_path(path)))
 

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
-from serialized_restore._connector import _SerializedCheckpointConnectorMixin
 from serialized_restore._options import SerializedLoading
-
-
-@functools.lru_cache(maxsize=None)
-def _connector_class(base: type) -> type:
-    return type("_SerializedCheckpointConnector", (_SerializedCheckpointConnectorMixin, base), {})
 
 
 class SerializedRestoreTrainerMixin:
@@ -23,11 +16,13 @@ class SerializedRestoreTrainerMixin:
             it is restored. A positive int ``k``: at most ``k`` local ranks of a node restore at once.
     """
 
+    # the flavour's connector class; set by each flavour module (a module-level class, so ``ddp_spawn`` can pickle it)
+    _connector_class: ClassVar[type]
+
     def __init__(self, *args: Any, serialized_checkpoint_loading: Union[bool, int] = False, **kwargs: Any) -> None:
         options = SerializedLoading.parse(serialized_checkpoint_loading)
         super().__init__(*args, **kwargs)
-        connector = self._checkpoint_connector  # type: ignore[has-type]
-        self._checkpoint_connector = _connector_class(type(connector))(self, options)
+        self._checkpoint_connector = self._connector_class(self, options)
         self._serialized_loading = options
 
     @property

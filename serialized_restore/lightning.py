@@ -1,12 +1,19 @@
 """``serialized_restore`` for users of the unified package: ``import lightning.pytorch``."""
 
 from lightning.pytorch import Trainer as _Trainer
+from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
+from serialized_restore._connector import _SerializedCheckpointConnectorMixin
 from serialized_restore._trainer import SerializedRestoreTrainerMixin
+
+
+class _SerializedCheckpointConnector(_SerializedCheckpointConnectorMixin, _CheckpointConnector):
+    pass
 
 
 class Trainer(SerializedRestoreTrainerMixin, _Trainer):
     __doc__ = SerializedRestoreTrainerMixin.__doc__
+    _connector_class = _SerializedCheckpointConnector
 
 
 __all__ = ["Trainer"]

@@ -8,7 +8,6 @@ raises, ``<out>/rank<global_rank>.error.json``), so that a test can assert on ev
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import time
@@ -20,18 +19,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.helpers.models import dataloader, lightning_module, make_callback_class, make_model_class  # noqa: E402
-
-
-class _TurnLog(logging.Handler):
-    """Keeps this rank's serialized-restore log lines with their timestamps."""
-
-    def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
-        self.lines: list[tuple[float, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append((record.created, record.getMessage()))
+from tests.helpers.models import (  # noqa: E402
+    dataloader,
+    lightning_module,
+    make_callback_class,
+    make_model_class,
+    make_precision_class,
+    make_writer_class,
+)
 
 
 def build_trainer(config: dict[str, Any]) -> Any:
@@ -46,18 +41,26 @@ def build_trainer(config: dict[str, Any]) -> Any:
             from serialized_restore import Trainer as trainer_cls
         extra = {"serialized_checkpoint_loading": config.get("serialized", True)}
     callback = make_callback_class(flavour)()
+    writer = make_writer_class(flavour)(config, callback)
+    pl = lightning_module(flavour)
+    checkpointing = (
+        [pl.callbacks.ModelCheckpoint(dirpath=str(Path(config["out"]) / "ckpts"), save_last=True)]
+        if config.get("checkpointing")
+        else []
+    )
     trainer = trainer_cls(
         accelerator="cpu",
         devices=config.get("devices", 2),
         strategy=config.get("strategy", "ddp"),
         max_epochs=config.get("max_epochs", 1),
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(config.get("checkpointing")),
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
         default_root_dir=config["out"],
-        callbacks=[callback],
+        callbacks=[callback, writer, *checkpointing],
+        plugins=[make_precision_class(flavour)()],
         **extra,
     )
     return trainer, callback
@@ -66,28 +69,21 @@ def build_trainer(config: dict[str, Any]) -> Any:
 def main(config: dict[str, Any]) -> None:
     torch.manual_seed(0)
     flavour = config.get("flavour", "pytorch_lightning")
-    turn_log = _TurnLog()
-    root = "lightning.pytorch" if flavour == "lightning" else "pytorch_lightning"
-    logging.getLogger(f"{root}.serialized_restore").addHandler(turn_log)
-    logging.getLogger(f"{root}.serialized_restore").setLevel(logging.DEBUG)
-
     trainer, callback = build_trainer(config)
     model = make_model_class(flavour)()
     out = Path(config["out"])
-    entry = config.get("entry", "fit")
-    kwargs: dict[str, Any] = {}
-    if config.get("ckpt_path"):
-        kwargs["ckpt_path"] = config["ckpt_path"]
-    if "weights_only" in config:
-        kwargs["weights_only"] = config["weights_only"]
+    calls = config.get("calls") or [[config.get("entry", "fit"), config.get("ckpt_path")]]
     started = time.time()
     try:
-        if entry == "fit":
-            trainer.fit(model, train_dataloaders=dataloader(), **kwargs)
-        elif entry == "predict":
-            trainer.predict(model, dataloaders=dataloader(), **kwargs)
-        else:
-            getattr(trainer, entry)(model, dataloaders=dataloader(), **kwargs)
+        for entry, ckpt_path in calls:
+            kwargs: dict[str, Any] = {"ckpt_path": ckpt_path} if ckpt_path else {}
+            if "weights_only" in config:
+                kwargs["weights_only"] = config["weights_only"]
+            if entry == "fit":
+                trainer.fit_loop.max_epochs = config.get("max_epochs", 1)
+                trainer.fit(model, train_dataloaders=dataloader(), **kwargs)
+            else:
+                getattr(trainer, entry)(model, dataloaders=dataloader(), **kwargs)
     except BaseException as err:
         rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", trainer.global_rank)))
         (out / f"rank{rank}.error.json").write_text(
@@ -104,22 +100,6 @@ def main(config: dict[str, Any]) -> None:
         raise
     if config.get("save_ckpt"):
         trainer.save_checkpoint(config["save_ckpt"])
-    result = {
-        "global_rank": trainer.global_rank,
-        "local_rank": trainer.local_rank,
-        "node_rank": trainer.node_rank,
-        "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "optimizers": [opt.state_dict() for opt in trainer.optimizers] if entry == "fit" else [],
-        "schedulers": [cfg.scheduler.state_dict() for cfg in trainer.lr_scheduler_configs] if entry == "fit" else [],
-        "global_step": trainer.global_step,
-        "fit_loop": trainer.fit_loop.state_dict(),
-        "module_records": model.load_records,
-        "callback_records": callback.records,
-        "callback_batches_seen": callback.batches_seen,
-        "turn_log": turn_log.lines,
-        "loaded_checkpoint_after": dict(trainer._checkpoint_connector._loaded_checkpoint),
-    }
-    torch.save(result, out / f"rank{trainer.global_rank}.pt")
 
 
 if __name__ == "__main__":

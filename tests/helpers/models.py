@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,6 +17,7 @@ def lightning_module(flavour: str) -> Any:
     return importlib.import_module("lightning.pytorch" if flavour == "lightning" else "pytorch_lightning")
 
 
+@functools.cache
 def make_model_class(flavour: str) -> type:
     pl = lightning_module(flavour)
 
@@ -54,9 +58,10 @@ def make_model_class(flavour: str) -> type:
         def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
             self.load_records.append(describe_checkpoint("module", checkpoint))
 
-    return RecordingModel
+    return _published(RecordingModel, flavour)
 
 
+@functools.cache
 def make_callback_class(flavour: str) -> type:
     pl = lightning_module(flavour)
 
@@ -66,6 +71,10 @@ def make_callback_class(flavour: str) -> type:
         def __init__(self) -> None:
             self.records: list[dict[str, Any]] = []
             self.batches_seen = 0
+
+        @property
+        def state_key(self) -> str:
+            return "RecordingCallback"  # the same in both flavours, whatever the class is called
 
         def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
             self.batches_seen += 1
@@ -80,7 +89,7 @@ def make_callback_class(flavour: str) -> type:
         def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
             self.records.append(describe_checkpoint("callback", checkpoint))
 
-    return RecordingCallback
+    return _published(RecordingCallback, flavour)
 
 
 def describe_checkpoint(hook: str, checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -108,3 +117,113 @@ def make_data(n: int = 64, width: int = 32) -> TensorDataset:
 
 def dataloader(batch_size: int = 8) -> DataLoader:
     return DataLoader(make_data(), batch_size=batch_size, shuffle=False)
+
+
+class _TurnLog(logging.Handler):
+    """Keeps this rank's serialized-restore log lines with their timestamps."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.lines: list[tuple[float, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.created, record.getMessage()))
+
+
+def tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+@functools.cache
+def make_precision_class(flavour: str) -> type:
+    pl = lightning_module(flavour)
+
+    class RecordingPrecision(pl.plugins.precision.Precision):
+        """Records the cached checkpoint as the second restore stage sees it."""
+
+        stage2_view: dict[str, Any] = {}
+
+        def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            self.stage2_view = {
+                "keys": sorted(checkpoint),
+                "tensor_bytes": {k: tensor_bytes(v) for k, v in checkpoint.items()},
+            }
+
+    return _published(RecordingPrecision, flavour)
+
+
+@functools.cache
+def make_writer_class(flavour: str) -> type:
+    pl = lightning_module(flavour)
+
+    class ResultWriter(pl.Callback):
+        """Writes what this rank ends with to ``<out>/rank<global_rank>.pt``, in the process that ran the stage."""
+
+        def __init__(self, config: dict[str, Any], recorder: Any) -> None:
+            self.config = config
+            self.recorder = recorder
+            self.turn_log: Any = None
+            self.history: list[dict[str, Any]] = []
+
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            self.turn_log = _TurnLog()
+            root = "lightning.pytorch" if self.config.get("flavour") == "lightning" else "pytorch_lightning"
+            logger = logging.getLogger(f"{root}.serialized_restore")
+            logger.addHandler(self.turn_log)
+            logger.setLevel(logging.DEBUG)
+
+        def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            fitting = stage == "fit"
+            result = {
+                "global_rank": trainer.global_rank,
+                "local_rank": trainer.local_rank,
+                "node_rank": trainer.node_rank,
+                "params": {k: v.detach().clone() for k, v in pl_module.state_dict().items()},
+                "optimizers": [opt.state_dict() for opt in trainer.optimizers] if fitting else [],
+                "schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs] if fitting else [],
+                "global_step": trainer.global_step,
+                "fit_loop": trainer.fit_loop.state_dict(),
+                "module_records": pl_module.load_records,
+                "callback_records": self.recorder.records,
+                "callback_batches_seen": self.recorder.batches_seen,
+                "turn_log": self.turn_log.lines if self.turn_log else [],
+                "stage2_view": trainer.precision_plugin.stage2_view,
+                "ckpt_path": trainer.ckpt_path,
+            }
+            pl_module.load_records = []
+            self.recorder.records = []
+            trainer.precision_plugin.stage2_view = {}
+            if self.turn_log is not None:
+                self.turn_log.lines = []
+            self.history.append(result)
+            torch.save({**result, "history": self.history}, Path(self.config["out"]) / f"rank{trainer.global_rank}.pt")
+
+    return _published(ResultWriter, flavour)
+
+
+_FACTORIES = {
+    "RecordingModel": make_model_class,
+    "RecordingCallback": make_callback_class,
+    "RecordingPrecision": make_precision_class,
+    "ResultWriter": make_writer_class,
+}
+
+
+def _published(cls: type, flavour: str) -> type:
+    """Give a class built per flavour a module-level name, so ``ddp_spawn`` can pickle its instances."""
+    cls.__module__ = __name__
+    cls.__qualname__ = cls.__name__ = f"{cls.__name__}__{flavour}"
+    return cls
+
+
+def __getattr__(name: str) -> Any:
+    base, sep, flavour = name.partition("__")
+    if sep and base in _FACTORIES:
+        return _FACTORIES[base](flavour)
+    raise AttributeError(name)

@@ -1,0 +1,68 @@
+"""Shared fixtures: a real checkpoint written by a real 2-rank DDP job, and the uninterrupted run to compare with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from filelock import FileLock
+
+from tests.helpers.launch import JobResult, run_job
+
+JOB_TIMEOUT = 180.0
+
+
+def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # one directory for all xdist workers of this session, so reference jobs run once
+    return tmp_path_factory.getbasetemp().parent / "shared-reference-jobs"
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A 1-epoch checkpoint from upstream Lightning on 2 ranks, and an uninterrupted 2-epoch run (every rank)."""
+    root = _shared_dir(tmp_path_factory)
+    root.mkdir(parents=True, exist_ok=True)
+    done = root / "done.json"
+    with FileLock(str(root / "lock")):
+        if not done.exists():
+            first = run_job(
+                {"trainer": "upstream", "out": str(root / "epoch1"), "save_ckpt": str(root / "epoch1.ckpt")},
+                timeout=JOB_TIMEOUT,
+            )
+            assert first.returncode == 0, first.output[-4000:]
+            full = run_job({"trainer": "upstream", "out": str(root / "epoch2"), "max_epochs": 2}, timeout=JOB_TIMEOUT)
+            assert full.returncode == 0, full.output[-4000:]
+            done.write_text(json.dumps({"ok": True}))
+    ranks = {r: torch.load(p, weights_only=False) for r, p in _rank_files(root / "epoch2").items()}
+    return {"ckpt": str(root / "epoch1.ckpt"), "uninterrupted": ranks, "root": root}
+
+
+def _rank_files(out: Path) -> dict[int, Path]:
+    return {int(p.stem[4:]): p for p in out.glob("rank*.pt")}
+
+
+@pytest.fixture(scope="session")
+def upstream_resume(tmp_path_factory: pytest.TempPathFactory, reference: dict[str, Any]) -> dict[int, Any]:
+    """Upstream Lightning resuming the reference checkpoint to epoch 2 on 2 ranks."""
+    root = reference["root"]
+    out = root / "upstream-resume"
+    with FileLock(str(root / "lock-upstream-resume")):
+        if not (out / "done").exists():
+            result = run_job(
+                {"trainer": "upstream", "out": str(out), "max_epochs": 2, "ckpt_path": reference["ckpt"]},
+                timeout=JOB_TIMEOUT,
+            )
+            assert result.returncode == 0, result.output[-4000:]
+            (out / "done").write_text("")
+    return {r: torch.load(p, weights_only=False) for r, p in _rank_files(out).items()}
+
+
+def run_ok(config: dict[str, Any], timeout: float = JOB_TIMEOUT, env: Any = None) -> JobResult:
+    """Run a job that must succeed on every rank."""
+    result = run_job(config, timeout=timeout, env=env)
+    assert result.returncode == 0, result.output[-6000:]
+    assert not result.errors, result.errors
+    return result

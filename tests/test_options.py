@@ -1,0 +1,67 @@
+"""`serialized_checkpoint_loading` values and the environment settings: accepted values and their errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from serialized_restore import Trainer
+from serialized_restore._options import SerializedLoading
+from serialized_restore.lightning import Trainer as UnifiedTrainer
+
+
+@pytest.mark.parametrize(("value", "expected"), [(False, None), (True, 1), (1, 1), (2, 2), (64, 64), (np.int64(3), 3)])
+def test_accepted_values(value: object, expected: object) -> None:
+    """False turns the option off, True means one rank at a time, a positive int bounds concurrent ranks."""
+    assert SerializedLoading.parse(value).max_concurrent == expected
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.0, 2.5, "yes", "True", None, [1]])
+def test_rejected_values_raise_at_construction(value: object) -> None:
+    """Anything else raises ValueError at `Trainer(...)`, quoting the value and listing what is accepted."""
+    for trainer_cls in (Trainer, UnifiedTrainer):
+        with pytest.raises(ValueError) as info:
+            trainer_cls(serialized_checkpoint_loading=value, logger=False)
+        assert f"serialized_checkpoint_loading={value!r}" in str(info.value)
+        assert "positive int" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "fragment"),
+    [
+        ("SERIALIZED_RESTORE_TURN_TIMEOUT", "soon", "is not a number of seconds"),
+        ("SERIALIZED_RESTORE_TURN_TIMEOUT", "-5", "must be a positive number"),
+        ("SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT", "0", "must be a positive number"),
+        ("SERIALIZED_RESTORE_READER", "lazy", "Accepted values: auto, mmap, eager"),
+    ],
+)
+def test_bad_environment_settings_raise(monkeypatch: pytest.MonkeyPatch, name: str, raw: str, fragment: str) -> None:
+    """A malformed setting in the environment is refused at construction with the variable and its value."""
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ValueError, match=fragment) as info:
+        Trainer(serialized_checkpoint_loading=True, logger=False)
+    assert name in str(info.value) and repr(raw.lower() if name.endswith("READER") else raw) in str(info.value)
+
+
+def test_environment_settings_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timeouts and reader come from the environment, with documented defaults."""
+    defaults = SerializedLoading.parse(True)
+    assert (defaults.turn_timeout, defaults.heartbeat_timeout, defaults.reader) == (1800.0, 60.0, "auto")
+    monkeypatch.setenv("SERIALIZED_RESTORE_TURN_TIMEOUT", "12.5")
+    monkeypatch.setenv("SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT", "3")
+    monkeypatch.setenv("SERIALIZED_RESTORE_READER", "Eager")
+    parsed = SerializedLoading.parse(2)
+    assert (parsed.turn_timeout, parsed.heartbeat_timeout, parsed.reader) == (12.5, 3.0, "eager")
+
+
+def test_trainer_is_a_lightning_trainer() -> None:
+    """Both flavours subclass their upstream Trainer and report the value they were built with."""
+    import lightning.pytorch
+    import pytorch_lightning
+
+    trainer = Trainer(serialized_checkpoint_loading=2, logger=False)
+    assert isinstance(trainer, pytorch_lightning.Trainer)
+    assert trainer.serialized_checkpoint_loading == 2
+    unified = UnifiedTrainer(logger=False)
+    assert isinstance(unified, lightning.pytorch.Trainer)
+    assert unified.serialized_checkpoint_loading is False

@@ -1,0 +1,93 @@
+"""How checkpoint bytes are read: mmap eligibility, fallbacks, `weights_only` semantics and private copies."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from pytorch_lightning.plugins.io import TorchCheckpointIO
+from pytorch_lightning.strategies import SingleDeviceStrategy
+
+from serialized_restore._readers import clone_tensors, local_path, mmap_unsupported_reason, read_checkpoint
+
+
+class _Custom:
+    """Not allow-listed for `weights_only=True` loading."""
+
+    def __init__(self) -> None:
+        self.value = 3
+
+
+class _OtherIO(TorchCheckpointIO):
+    pass
+
+
+def _strategy(checkpoint_io: TorchCheckpointIO | None = None) -> SingleDeviceStrategy:
+    return SingleDeviceStrategy(device=torch.device("cpu"), checkpoint_io=checkpoint_io or TorchCheckpointIO())
+
+
+def _save(path: Path, **kwargs: object) -> dict:
+    checkpoint = {"state_dict": {"w": torch.arange(6.0).reshape(2, 3)}, "epoch": 1}
+    torch.save(checkpoint, path, **kwargs)
+    return checkpoint
+
+
+def test_local_path() -> None:
+    """Local paths and file:// URLs map to a path; remote URLs and file objects do not."""
+    assert local_path("a/b.ckpt") == "a/b.ckpt"
+    assert local_path(Path("a/b.ckpt")) == "a/b.ckpt"
+    assert local_path("file:///x/y.ckpt") == "/x/y.ckpt"
+    assert local_path("s3://bucket/y.ckpt") is None
+    assert local_path(object()) is None
+
+
+def test_zip_checkpoint_is_memory_mapped(tmp_path: Path) -> None:
+    """A local zip checkpoint read by the stock CheckpointIO is memory-mapped and equals the saved content."""
+    saved = _save(tmp_path / "a.ckpt")
+    loaded = read_checkpoint(_strategy(), str(tmp_path / "a.ckpt"), weights_only=True, reader="auto")
+    assert loaded.reader == "mmap"
+    assert loaded.bytes_read == (tmp_path / "a.ckpt").stat().st_size
+    assert torch.equal(loaded.checkpoint["state_dict"]["w"], saved["state_dict"]["w"])
+    assert loaded.checkpoint["epoch"] == 1
+
+
+@pytest.mark.parametrize("case", ["legacy", "custom_io", "eager"])
+def test_fallback_to_eager(tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str) -> None:
+    """Legacy (non-zip) files, a custom CheckpointIO or reader="eager" are read through the strategy, as upstream."""
+    path = tmp_path / "a.ckpt"
+    saved = _save(path, _use_new_zipfile_serialization=case != "legacy")
+    strategy = _strategy(_OtherIO() if case == "custom_io" else None)
+    with caplog.at_level(logging.INFO):
+        loaded = read_checkpoint(strategy, str(path), weights_only=True, reader="eager" if case == "eager" else "mmap")
+    assert loaded.reader == "eager"
+    assert torch.equal(loaded.checkpoint["state_dict"]["w"], saved["state_dict"]["w"])
+    if case != "eager":
+        assert "eagerly instead of memory-mapped" in caplog.text
+        assert mmap_unsupported_reason(strategy, str(path)) is not None
+
+
+@pytest.mark.parametrize("reader", ["mmap", "eager"])
+def test_weights_only_keeps_its_meaning(tmp_path: Path, reader: str) -> None:
+    """weights_only=True refuses a non-allow-listed object with both readers; False loads it."""
+    path = tmp_path / "a.ckpt"
+    torch.save({"state_dict": {}, "extra": _Custom()}, path)
+    with pytest.raises(Exception, match="weights_only"):
+        read_checkpoint(_strategy(), str(path), weights_only=True, reader=reader)
+    loaded = read_checkpoint(_strategy(), str(path), weights_only=False, reader=reader)
+    assert loaded.checkpoint["extra"].value == 3
+
+
+def test_clone_tensors_copies_into_private_memory(tmp_path: Path) -> None:
+    """Optimizer state read memory-mapped is copied out of the file, preserving structure and values."""
+    state = [{"state": {0: {"exp_avg": torch.ones(4), "step": torch.tensor(3.0)}}, "param_groups": [{"lr": 0.1}]}]
+    torch.save(state, tmp_path / "o.pt")
+    mapped = torch.load(tmp_path / "o.pt", mmap=True, weights_only=True)
+    before = mapped[0]["state"][0]["exp_avg"]
+    cloned, copied = clone_tensors(mapped)
+    after = cloned[0]["state"][0]["exp_avg"]
+    assert copied == 4 * 4 + 4
+    assert after is not before and torch.equal(after, before)
+    assert after.untyped_storage().data_ptr() != before.untyped_storage().data_ptr()
+    assert cloned[0]["param_groups"] == [{"lr": 0.1}]

@@ -1,0 +1,219 @@
+"""End-to-end restores through real Lightning Trainers, real DDP process groups (gloo) and real checkpoint files."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import run_ok
+
+pytestmark = pytest.mark.timeout(400)
+
+_TURN_LINE = re.compile(r"\[rank (\d+)\] serialized restore: turn for '(.+)' (started|ended)")
+
+
+def assert_same(a: Any, b: Any, where: str) -> None:
+    """Exact (bitwise) equality of nested states."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: {sorted(a)} != {sorted(b)}"
+        for key in a:
+            assert_same(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}/{i}")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def assert_training_state_equal(got: dict[int, Any], expected: dict[int, Any]) -> None:
+    assert sorted(got) == sorted(expected), "not every rank reported"
+    for rank in expected:
+        for key in ("params", "optimizers", "schedulers", "global_step", "fit_loop", "callback_batches_seen"):
+            assert_same(got[rank][key], expected[rank][key], f"rank {rank}: {key}")
+
+
+def turn_intervals(rank_results: dict[int, Any]) -> dict[str, list[tuple[float, float, int]]]:
+    """Per stage, the (start, end, rank) of every turn, from each rank's own log timestamps."""
+    opened: dict[tuple[str, int], float] = {}
+    out: dict[str, list[tuple[float, float, int]]] = {}
+    for result in rank_results.values():
+        for created, message in result["turn_log"]:
+            match = _TURN_LINE.search(message)
+            if not match:
+                continue
+            rank, stage, event = int(match[1]), match[2], match[3]
+            if event == "started":
+                opened[(stage, rank)] = created
+            else:
+                out.setdefault(stage, []).append((opened.pop((stage, rank)), created, rank))
+    assert not opened, f"turns that never ended: {opened}"
+    return out
+
+
+def max_concurrent(intervals: list[tuple[float, float, int]]) -> int:
+    events = sorted([(s, 1) for s, _, _ in intervals] + [(e, -1) for _, e, _ in intervals], key=lambda x: (x[0], x[1]))
+    inside = peak = 0
+    for _, delta in events:
+        inside += delta
+        peak = max(peak, inside)
+    return peak
+
+
+@pytest.mark.parametrize("serialized", [True, 2])
+def test_fit_resume_is_bit_identical(tmp_path: Path, reference: dict[str, Any], serialized: Any) -> None:
+    """Resuming with the option on equals an uninterrupted run exactly, on every rank."""
+    result = run_ok(
+        {
+            "trainer": "ours",
+            "serialized": serialized,
+            "out": str(tmp_path),
+            "max_epochs": 2,
+            "ckpt_path": reference["ckpt"],
+        }
+    )
+    assert_training_state_equal(result.ranks, reference["uninterrupted"])
+    for rank, got in result.ranks.items():
+        # the second stage never sees model weights again, and runs on optimizer state copied out of the file
+        view = got["stage2_view"]
+        assert view["tensor_bytes"]["state_dict"] == 0, f"rank {rank}"
+        assert view["tensor_bytes"]["optimizer_states"] > 0, f"rank {rank}"
+        stages = turn_intervals({rank: got})
+        assert set(stages) == {"restore modules and callbacks", "restore training state"}, f"rank {rank}"
+
+
+def test_hooks_see_what_upstream_hooks_see(
+    tmp_path: Path, reference: dict[str, Any], upstream_resume: dict[int, Any]
+) -> None:
+    """`on_load_checkpoint` of module and callback and the callback's `load_state_dict` get upstream's content."""
+    result = run_ok(
+        {"trainer": "ours", "serialized": True, "out": str(tmp_path), "max_epochs": 2, "ckpt_path": reference["ckpt"]}
+    )
+    assert sorted(result.ranks) == sorted(upstream_resume)
+    for rank, got in result.ranks.items():
+        expected = upstream_resume[rank]
+        assert len(got["module_records"]) == 1, f"rank {rank}: module hook not called exactly once"
+        assert got["module_records"] == expected["module_records"], f"rank {rank}"
+        assert [r["hook"] for r in got["callback_records"]] == [r["hook"] for r in expected["callback_records"]]
+        assert got["callback_records"] == expected["callback_records"], f"rank {rank}"
+        assert "optimizer_states" in got["module_records"][0]["keys"], f"rank {rank}"
+        assert any(k.startswith("/state_dict/") for k in got["module_records"][0]["tensors"]), f"rank {rank}"
+
+
+def test_default_off_behaves_as_upstream(
+    tmp_path: Path, reference: dict[str, Any], upstream_resume: dict[int, Any]
+) -> None:
+    """`serialized_checkpoint_loading=False` restores exactly as the upstream Trainer, with no turns."""
+    result = run_ok(
+        {"trainer": "ours", "serialized": False, "out": str(tmp_path), "max_epochs": 2, "ckpt_path": reference["ckpt"]}
+    )
+    assert_training_state_equal(result.ranks, upstream_resume)
+    for rank, got in result.ranks.items():
+        assert got["module_records"] == upstream_resume[rank]["module_records"]
+        assert got["callback_records"] == upstream_resume[rank]["callback_records"]
+        assert got["stage2_view"] == upstream_resume[rank]["stage2_view"], f"rank {rank}"
+        assert got["turn_log"] == [], f"rank {rank}"
+
+
+@pytest.mark.parametrize("entry", ["validate", "test", "predict"])
+def test_evaluation_entry_points(tmp_path: Path, reference: dict[str, Any], entry: str) -> None:
+    """validate/test/predict(ckpt_path=...) load the weights and keep no optimizer or scheduler state."""
+    result = run_ok(
+        {"trainer": "ours", "serialized": True, "out": str(tmp_path), "entry": entry, "ckpt_path": reference["ckpt"]}
+    )
+    checkpoint = torch.load(reference["ckpt"], weights_only=True)
+    assert sorted(result.ranks) == [0, 1]
+    for rank, got in result.ranks.items():
+        assert_same(got["params"], checkpoint["state_dict"], f"rank {rank}: params")
+        assert got["module_records"][0]["keys"] == sorted(checkpoint), f"rank {rank}: hook saw a partial dict"
+        view = got["stage2_view"]
+        assert "optimizer_states" not in view["keys"] and "lr_schedulers" not in view["keys"], f"rank {rank}"
+        assert sum(view["tensor_bytes"].values()) == 0, f"rank {rank}: tensors kept between stages: {view}"
+        assert len(turn_intervals({rank: got})) == 2, f"rank {rank}"
+
+
+@pytest.mark.parametrize(("devices", "k"), [(4, 2), (3, 1)])
+def test_turns_never_exceed_k_per_node(tmp_path: Path, reference: dict[str, Any], devices: int, k: int) -> None:
+    """At most k local ranks are inside a turn at once, measured from every rank's own log timestamps."""
+    result = run_ok(
+        {
+            "trainer": "ours",
+            "serialized": k,
+            "devices": devices,
+            "out": str(tmp_path),
+            "entry": "validate",
+            "ckpt_path": reference["ckpt"],
+        },
+        timeout=300,
+    )
+    assert sorted(result.ranks) == list(range(devices))
+    stages = turn_intervals(result.ranks)
+    for stage, intervals in stages.items():
+        assert sorted(r for _, _, r in intervals) == list(range(devices)), stage
+        assert 1 <= max_concurrent(intervals) <= k, f"{stage}: {sorted(intervals)}"
+
+
+def test_unified_lightning_flavour(tmp_path: Path, reference: dict[str, Any]) -> None:
+    """`serialized_restore.lightning.Trainer` (for `import lightning.pytorch`) resumes bit-identically."""
+    result = run_ok(
+        {
+            "trainer": "ours",
+            "flavour": "lightning",
+            "serialized": True,
+            "out": str(tmp_path),
+            "max_epochs": 2,
+            "ckpt_path": reference["ckpt"],
+        }
+    )
+    assert_training_state_equal(result.ranks, reference["uninterrupted"])
+    assert all(turn_intervals({r: g}) for r, g in result.ranks.items())
+
+
+def test_ddp_spawn(tmp_path: Path, reference: dict[str, Any]) -> None:
+    """The option works with `ddp_spawn`, where ranks are spawned worker processes."""
+    result = run_ok(
+        {
+            "trainer": "ours",
+            "strategy": "ddp_spawn",
+            "serialized": True,
+            "out": str(tmp_path),
+            "max_epochs": 2,
+            "ckpt_path": reference["ckpt"],
+        }
+    )
+    assert_training_state_equal(result.ranks, reference["uninterrupted"])
+    assert all(turn_intervals({r: g}) for r, g in result.ranks.items())
+
+
+def test_special_paths_best_last_hpc(tmp_path: Path, reference: dict[str, Any]) -> None:
+    """`ckpt_path="best"`, `"last"` and `"hpc"` resolve as upstream and restore in turns (single process too)."""
+    shutil.copy(reference["ckpt"], tmp_path / "hpc_ckpt_3.ckpt")
+    result = run_ok(
+        {
+            "trainer": "ours",
+            "serialized": True,
+            "devices": 1,
+            "strategy": "auto",
+            "checkpointing": True,
+            "out": str(tmp_path),
+            "calls": [["fit", None], ["validate", "best"], ["test", "last"], ["predict", "hpc"]],
+        }
+    )
+    history = result.ranks[0]["history"]
+    assert [h["ckpt_path"] for h in history[1:]] == [
+        str(tmp_path / "ckpts" / "epoch=0-step=8.ckpt"),
+        str(tmp_path / "ckpts" / "last.ckpt"),
+        str(tmp_path / "hpc_ckpt_3.ckpt"),
+    ]
+    for call in history[1:]:
+        expected = torch.load(call["ckpt_path"], weights_only=True)["state_dict"]
+        assert_same(call["params"], expected, call["ckpt_path"])
+        assert len(call["module_records"]) == 1
+        assert any("turn for 'restore modules and callbacks' ended" in m for _, m in call["turn_log"])
