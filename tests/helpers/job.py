@@ -51,6 +51,7 @@ def build_trainer(config: dict[str, Any]) -> Any:
     trainer = trainer_cls(
         accelerator="cpu",
         devices=config.get("devices", 2),
+        num_nodes=config.get("num_nodes", 1),
         strategy=config.get("strategy", "ddp"),
         max_epochs=config.get("max_epochs", 1),
         logger=False,
@@ -71,6 +72,7 @@ def main(config: dict[str, Any]) -> None:
     flavour = config.get("flavour", "pytorch_lightning")
     trainer, callback = build_trainer(config)
     model = make_model_class(flavour)()
+    model.hook_sleep = config.get("hook_sleep", 0.0)
     out = Path(config["out"])
     calls = config.get("calls") or [[config.get("entry", "fit"), config.get("ckpt_path")]]
     started = time.time()

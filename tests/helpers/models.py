@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,12 @@ def make_model_class(flavour: str) -> type:
             scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+        hook_sleep = 0.0
+        """Seconds ``on_load_checkpoint`` sleeps, to make turns long enough to observe their overlap."""
+
         def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
             self.load_records.append(describe_checkpoint("module", checkpoint))
+            time.sleep(self.hook_sleep)
 
     return _published(RecordingModel, flavour)
 
