@@ -2,7 +2,8 @@
 
 ``from serialized_restore import Trainer`` gives the ``pytorch_lightning`` flavour;
 ``from serialized_restore.lightning import Trainer`` gives the ``lightning.pytorch`` one. Both are the upstream
-``Trainer`` plus one argument, ``serialized_checkpoint_loading``.
+``Trainer`` plus one argument, ``serialized_checkpoint_loading``. ``MmapCheckpointIO`` is a ``CheckpointIO`` plugin
+that loads local checkpoints memory-mapped, in the same two flavours.
 """
 
 from typing import Any
@@ -11,13 +12,13 @@ from serialized_restore._errors import CheckpointRestoreError, RankFailure
 
 __version__ = "0.1.0"
 
-__all__ = ["CheckpointRestoreError", "RankFailure", "Trainer", "__version__"]
+__all__ = ["CheckpointRestoreError", "MmapCheckpointIO", "RankFailure", "Trainer", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     # imported on first use, so that users of `lightning.pytorch` never import `pytorch_lightning` as well
-    if name == "Trainer":
-        from serialized_restore.pytorch_lightning import Trainer
+    if name in ("Trainer", "MmapCheckpointIO"):
+        from serialized_restore import pytorch_lightning
 
-        return Trainer
+        return getattr(pytorch_lightning, name)
     raise AttributeError(f"module 'serialized_restore' has no attribute {name!r}")

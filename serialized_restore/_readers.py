@@ -58,11 +58,8 @@ def _file_size(path: Optional[str]) -> int:
         return 0
 
 
-def mmap_unsupported_reason(strategy: Any, path: Any) -> Optional[str]:
-    """Why ``path`` cannot be memory-mapped for ``strategy``, or ``None`` if it can."""
-    checkpoint_io_cls = flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True)
-    if type(strategy.checkpoint_io) is not checkpoint_io_cls:
-        return f"the strategy's CheckpointIO is {type(strategy.checkpoint_io).__name__}, not TorchCheckpointIO"
+def path_unmappable_reason(path: Any) -> Optional[str]:
+    """Why ``path`` cannot be memory-mapped, or ``None`` if it can: it must be a local file in torch's zip format."""
     local = local_path(path)
     if local is None:
         return f"{path!r} is not a local path"
@@ -72,6 +69,49 @@ def mmap_unsupported_reason(strategy: Any, path: Any) -> Optional[str]:
         if f.read(4) != _ZIP_MAGIC:
             return f"{path!r} is not in torch's zip format (saved with `_use_new_zipfile_serialization=False`?)"
     return None
+
+
+def mmap_unsupported_reason(strategy: Any, path: Any) -> Optional[str]:
+    """Why ``path`` cannot be memory-mapped for ``strategy``, or ``None`` if it can."""
+    checkpoint_io = strategy.checkpoint_io
+    stock = flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True)
+    if type(checkpoint_io) is not stock and not isinstance(checkpoint_io, MmapCheckpointIOMixin):
+        return f"the strategy's CheckpointIO is {type(checkpoint_io).__name__}, not TorchCheckpointIO"
+    return path_unmappable_reason(path)
+
+
+def load_mmap(path: Any, map_location: Any, weights_only: Optional[bool]) -> Any:
+    """``torch.load`` of a local zip checkpoint, memory-mapped; ``map_location`` and ``weights_only`` as given."""
+    local = local_path(path)
+    assert local is not None
+    return torch.load(local, map_location=map_location, weights_only=weights_only, mmap=True)
+
+
+class MmapCheckpointIOMixin:
+    """Loads local zip-format checkpoints memory-mapped; mixed into the flavour's ``TorchCheckpointIO``.
+
+    Every process that maps the same file shares its clean pages in the page cache instead of holding a private
+    copy, so N ranks on a node cost about 1 x S of (reclaimable) page cache rather than N x S of private memory.
+    Legacy (non-zip) files, non-local paths and file-like objects are read as ``TorchCheckpointIO`` reads them,
+    with one INFO line saying why. ``weights_only`` is passed to ``torch.load`` unchanged.
+    """
+
+    def load_checkpoint(
+        self,
+        path: Any,
+        map_location: Any = lambda storage, loc: storage,
+        weights_only: Optional[bool] = None,
+    ) -> dict[str, Any]:
+        if not isinstance(path, (str, os.PathLike)):
+            log.info("MmapCheckpointIO: reading a file-like object eagerly: only paths can be memory-mapped.")
+            return torch.load(path, map_location=map_location, weights_only=weights_only)
+        reason = path_unmappable_reason(path)
+        if reason is None:
+            return load_mmap(path, map_location, weights_only)
+        log.info(f"MmapCheckpointIO: reading {path!r} eagerly instead of memory-mapped: {reason}.")
+        return super().load_checkpoint(  # type: ignore[misc]
+            path, map_location=map_location, weights_only=weights_only
+        )
 
 
 def read_checkpoint(
@@ -85,15 +125,9 @@ def read_checkpoint(
     if reader != "eager":
         reason = mmap_unsupported_reason(strategy, path)
         if reason is None:
-            local = local_path(path)
-            assert local is not None
-            checkpoint = torch.load(
-                local,
-                map_location=lambda storage, loc: storage,  # as TorchCheckpointIO: keep the saved device
-                weights_only=weights_only,
-                mmap=True,
-            )
-            return LoadedCheckpoint(checkpoint, "mmap", _file_size(local))
+            # as TorchCheckpointIO: keep the device each tensor was saved from
+            checkpoint = load_mmap(path, lambda storage, loc: storage, weights_only)
+            return LoadedCheckpoint(checkpoint, "mmap", _file_size(local_path(path)))
         (logger.info if reader == "mmap" else log.debug)(
             f"Reading {path!r} eagerly instead of memory-mapped: {reason}."
         )

@@ -10,6 +10,7 @@ import torch
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.strategies import SingleDeviceStrategy
 
+from serialized_restore import MmapCheckpointIO
 from serialized_restore._readers import clone_tensors, local_path, mmap_unsupported_reason, read_checkpoint
 
 
@@ -91,3 +92,42 @@ def test_clone_tensors_copies_into_private_memory(tmp_path: Path) -> None:
     assert after is not before and torch.equal(after, before)
     assert after.untyped_storage().data_ptr() != before.untyped_storage().data_ptr()
     assert cloned[0]["param_groups"] == [{"lr": 0.1}]
+
+
+def _mapped_files() -> str:
+    return Path("/proc/self/maps").read_text()
+
+
+def test_mmap_checkpoint_io_maps_local_zip_files(tmp_path: Path) -> None:
+    """The plugin returns tensors backed by a mapping of the file, equal to what was saved."""
+    path = tmp_path / "mapped.ckpt"
+    saved = _save(path)
+    loaded = MmapCheckpointIO().load_checkpoint(str(path), weights_only=True)
+    assert str(path) in _mapped_files()
+    assert torch.equal(loaded["state_dict"]["w"], saved["state_dict"]["w"])
+    assert read_checkpoint(_strategy(MmapCheckpointIO()), str(path), True, "auto").reader == "mmap"
+
+
+@pytest.mark.parametrize("case", ["legacy", "file_object"])
+def test_mmap_checkpoint_io_falls_back(tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str) -> None:
+    """Legacy files and file-like objects are read eagerly, with one INFO line saying why."""
+    path = tmp_path / f"{case}.ckpt"
+    saved = _save(path, _use_new_zipfile_serialization=case != "legacy")
+    with caplog.at_level(logging.INFO):
+        if case == "file_object":
+            with open(path, "rb") as f:
+                loaded = MmapCheckpointIO().load_checkpoint(f, weights_only=True)  # type: ignore[arg-type]
+        else:
+            loaded = MmapCheckpointIO().load_checkpoint(str(path), weights_only=True)
+    assert torch.equal(loaded["state_dict"]["w"], saved["state_dict"]["w"])
+    assert str(path) not in _mapped_files()
+    assert len([r for r in caplog.records if "MmapCheckpointIO: reading" in r.getMessage()]) == 1
+
+
+def test_mmap_checkpoint_io_keeps_weights_only(tmp_path: Path) -> None:
+    """The plugin refuses a non-allow-listed object with weights_only=True and loads it with False."""
+    path = tmp_path / "a.ckpt"
+    torch.save({"extra": _Custom()}, path)
+    with pytest.raises(Exception, match="weights_only"):
+        MmapCheckpointIO().load_checkpoint(str(path), weights_only=True)
+    assert MmapCheckpointIO().load_checkpoint(str(path), weights_only=False)["extra"].value == 3

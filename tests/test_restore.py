@@ -217,3 +217,19 @@ def test_special_paths_best_last_hpc(tmp_path: Path, reference: dict[str, Any]) 
         assert_same(call["params"], expected, call["ckpt_path"])
         assert len(call["module_records"]) == 1
         assert any("turn for 'restore modules and callbacks' ended" in m for _, m in call["turn_log"])
+
+
+@pytest.mark.parametrize("trainer", ["upstream", "ours"])
+def test_mmap_checkpoint_io_alone_and_combined(tmp_path: Path, reference: dict[str, Any], trainer: str) -> None:
+    """`MmapCheckpointIO` resumes bit-identically with the upstream Trainer and with serialized loading."""
+    result = run_ok(
+        {
+            "trainer": trainer,
+            "serialized": True,
+            "plugin": "mmap",
+            "out": str(tmp_path),
+            "max_epochs": 2,
+            "ckpt_path": reference["ckpt"],
+        }
+    )
+    assert_training_state_equal(result.ranks, reference["uninterrupted"])

@@ -43,6 +43,12 @@ def build_trainer(config: dict[str, Any]) -> Any:
     callback = make_callback_class(flavour)()
     writer = make_writer_class(flavour)(config, callback)
     pl = lightning_module(flavour)
+    checkpoint_io = []
+    if config.get("plugin") == "mmap":
+        from serialized_restore import lightning as unified
+        from serialized_restore import pytorch_lightning as standalone
+
+        checkpoint_io = [(unified if flavour == "lightning" else standalone).MmapCheckpointIO()]
     checkpointing = (
         [pl.callbacks.ModelCheckpoint(dirpath=str(Path(config["out"]) / "ckpts"), save_last=True)]
         if config.get("checkpointing")
@@ -61,7 +67,7 @@ def build_trainer(config: dict[str, Any]) -> Any:
         num_sanity_val_steps=0,
         default_root_dir=config["out"],
         callbacks=[callback, writer, *checkpointing],
-        plugins=[make_precision_class(flavour)()],
+        plugins=[make_precision_class(flavour)(), *checkpoint_io],
         **extra,
     )
     return trainer, callback
