@@ -21,6 +21,7 @@ then ``resume_end`` drops the cached checkpoint dict. Upstream, every rank holds
 
 from __future__ import annotations
 
+import atexit
 import logging
 from typing import Any, Optional
 
@@ -30,8 +31,10 @@ import torch.distributed as dist
 from serialized_restore._flavour import flavour_of
 from serialized_restore._options import SerializedLoading
 from serialized_restore._readers import clone_tensors, read_checkpoint
+from serialized_restore._remote import NodeLocalCopy, is_remote
 from serialized_restore._turns import RankPlacement, TurnSchedule
 
+STAGE_FETCH = "fetch checkpoint"
 STAGE_MODULES = "restore modules and callbacks"
 STAGE_TRAINING_STATE = "restore training state"
 
@@ -57,6 +60,7 @@ class _SerializedCheckpointConnectorMixin:
         self._reread_optimizer_states = False
         self._optimizer_fingerprint: Optional[_Fingerprint] = None
         self._warned_strategies: set[type] = set()
+        self._local_copy: Optional[NodeLocalCopy] = None
         flavour = flavour_of(self)
         self._log = logging.getLogger(f"{flavour.pytorch}.serialized_restore")
 
@@ -70,15 +74,36 @@ class _SerializedCheckpointConnectorMixin:
             return
         schedule = self._make_schedule(checkpoint_path)
         self._weights_only = weights_only
-        with schedule.turn(STAGE_MODULES) as record:
-            self._reading_in_turn = True
-            try:
-                super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
-            finally:
-                self._reading_in_turn = False
-            record.bytes_read = self._bytes_read
-            self._release_after_modules()
+        try:
+            if is_remote(checkpoint_path):
+                self._fetch(schedule, checkpoint_path)
+            with schedule.turn(STAGE_MODULES) as record:
+                self._reading_in_turn = True
+                try:
+                    super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
+                finally:
+                    self._reading_in_turn = False
+                record.bytes_read = self._bytes_read
+                self._release_after_modules()
+        except BaseException:
+            self._remove_local_copy()
+            raise
         self._schedule = schedule
+
+    def _fetch(self, schedule: TurnSchedule, url: Any) -> None:
+        """(all ranks) Local rank 0 of each node downloads the remote checkpoint; the others wait for the stage."""
+        self._local_copy = NodeLocalCopy(url, self.trainer.node_rank)
+        if self.trainer.local_rank == 0:
+            # last resort for a job that dies between the stages: the copy never outlives the process
+            atexit.register(self._local_copy.remove)
+        with schedule.turn(STAGE_FETCH) as record:
+            if self.trainer.local_rank == 0:
+                record.bytes_read = self._local_copy.fetch()
+
+    def _remove_local_copy(self) -> None:
+        copy, self._local_copy = self._local_copy, None
+        if copy is not None and self.trainer.local_rank == 0:
+            copy.remove()
 
     def resume_start(self, checkpoint_path: Any = None, weights_only: Optional[bool] = None) -> None:
         """Upstream's ``resume_start``, reading with the turn's reader when called inside a turn."""
@@ -123,10 +148,14 @@ class _SerializedCheckpointConnectorMixin:
         if schedule is None:
             super().restore_training_state()  # type: ignore[misc]
             return
-        with schedule.turn(STAGE_TRAINING_STATE) as record:
-            record.bytes_read = self._prepare_optimizer_states()
-            super().restore_training_state()  # type: ignore[misc]
-            self._loaded_checkpoint = {}
+        try:
+            with schedule.turn(STAGE_TRAINING_STATE) as record:
+                record.bytes_read = self._prepare_optimizer_states()
+                super().restore_training_state()  # type: ignore[misc]
+                self._loaded_checkpoint = {}
+        finally:
+            # every rank of the job has ended the stage (or the restore failed): nobody reads the copy any more
+            self._remove_local_copy()
 
     def _prepare_optimizer_states(self) -> int:
         """Give the cached dict optimizer state in private memory; return the bytes read or copied."""
@@ -145,6 +174,7 @@ class _SerializedCheckpointConnectorMixin:
 
     def resume_end(self) -> None:
         self._schedule = None
+        self._remove_local_copy()
         self._reread_optimizer_states = False
         super().resume_end()  # type: ignore[misc]
 
@@ -154,8 +184,9 @@ class _SerializedCheckpointConnectorMixin:
         flavour = flavour_of(self)
         legacy_patch = flavour.import_("utilities.migration", "pl_legacy_patch")
         migrate = flavour.import_("utilities.migration.utils", "_pl_migrate_checkpoint")
+        source = self._local_copy.path if self._local_copy is not None else checkpoint_path
         with legacy_patch():
-            loaded = read_checkpoint(self.trainer.strategy, checkpoint_path, weights_only, reader, self._log)
+            loaded = read_checkpoint(self.trainer.strategy, source, weights_only, reader, self._log)
         return migrate(loaded.checkpoint, checkpoint_path), loaded.reader, loaded.bytes_read
 
     def _fitting(self) -> bool:
