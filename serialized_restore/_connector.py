@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
 from serialized_restore._flavour import flavour_of
-from serialized_restore._options import SerializedLoading
-from serialized_restore._readers import clone_tensors, read_checkpoint
+from serialized_restore._memory import plan_auto
+from serialized_restore._options import AVAILABLE_MEMORY_ENV, SerializedLoading
+from serialized_restore._readers import clone_tensors, local_path, mmap_unsupported_reason, read_checkpoint
 from serialized_restore._remote import NodeLocalCopy, is_remote
 from serialized_restore._turns import RankPlacement, TurnSchedule
 
@@ -72,11 +75,11 @@ class _SerializedCheckpointConnectorMixin:
             self._schedule = None
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
             return
-        schedule = self._make_schedule(checkpoint_path)
         self._weights_only = weights_only
         try:
             if is_remote(checkpoint_path):
-                self._fetch(schedule, checkpoint_path)
+                self._fetch(self._make_schedule(checkpoint_path, 1), checkpoint_path)
+            schedule = self._make_schedule(checkpoint_path, self._max_concurrent(checkpoint_path))
             with schedule.turn(STAGE_MODULES) as record:
                 self._reading_in_turn = True
                 try:
@@ -217,7 +220,47 @@ class _SerializedCheckpointConnectorMixin:
             )
         return False
 
-    def _make_schedule(self, checkpoint_path: Any) -> TurnSchedule:
+    def _max_concurrent(self, checkpoint_path: Any) -> int:
+        """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it from free memory."""
+        if self._options.max_concurrent is not None:
+            return self._options.max_concurrent
+        source = self._local_copy.path if self._local_copy is not None else checkpoint_path
+        strategy = self.trainer.strategy
+        reader = (
+            "eager"
+            if self._options.reader == "eager"
+            else ("mmap" if mmap_unsupported_reason(strategy, source) is None else "eager")
+        )
+        size = os.path.getsize(local) if (local := local_path(source)) and os.path.isfile(local) else 0
+        plan = plan_auto(size, reader, _local_world_size(strategy)) if self.trainer.local_rank == 0 else None
+        decision = self._agree_per_node(f"{plan.max_concurrent} {plan.describe()}" if plan is not None else "")
+        k_text, figures = decision.split(" ", 1)
+        k = int(k_text)
+        if plan is not None:
+            self._log.info(f'serialized restore: "auto" chose k={k} for node {self.trainer.node_rank}: {figures}')
+        if k < 1:
+            raise MemoryError(
+                '`Trainer(serialized_checkpoint_loading="auto")` found that not even one rank of node'
+                f" {self.trainer.node_rank} can restore {str(checkpoint_path)!r} in the memory available ({figures})."
+                f" Free memory, read the checkpoint memory-mapped, or set {AVAILABLE_MEMORY_ENV} if the estimate is"
+                " wrong."
+            )
+        return k
+
+    def _agree_per_node(self, value: str) -> str:
+        """(all ranks) Every rank of a node takes local rank 0's value, through the process group's store."""
+        if not (dist.is_available() and dist.is_initialized()) or self.trainer.world_size == 1:
+            return value
+        store = dist.distributed_c10d._get_default_store()
+        generation = store.add(f"serialized_restore/auto/generation/{self.trainer.global_rank}", 1)
+        key = f"serialized_restore/auto/{generation}/{self.trainer.node_rank}"
+        if self.trainer.local_rank == 0:
+            store.set(key, value)
+            return value
+        store.wait([key], timedelta(seconds=self._options.turn_timeout))
+        return bytes(store.get(key)).decode()
+
+    def _make_schedule(self, checkpoint_path: Any, max_concurrent: int) -> TurnSchedule:
         strategy = self.trainer.strategy
         initialized = dist.is_available() and dist.is_initialized()
         trainer = self.trainer
@@ -226,19 +269,22 @@ class _SerializedCheckpointConnectorMixin:
             world_size=trainer.world_size,
             node_rank=trainer.node_rank,
             local_rank=trainer.local_rank,
-            local_world_size=max(1, int(getattr(strategy, "num_processes", 1))),
+            local_world_size=_local_world_size(strategy),
         )
         store = dist.distributed_c10d._get_default_store() if initialized and placement.world_size > 1 else None
-        assert self._options.max_concurrent is not None
         return TurnSchedule(
             store=store,
             placement=placement,
-            max_concurrent=self._options.max_concurrent,
+            max_concurrent=max_concurrent,
             checkpoint_path=str(checkpoint_path),
             turn_timeout=self._options.turn_timeout,
             heartbeat_timeout=self._options.heartbeat_timeout,
             logger=self._log,
         )
+
+
+def _local_world_size(strategy: Any) -> int:
+    return max(1, int(getattr(strategy, "num_processes", 1)))
 
 
 class _Fingerprint:

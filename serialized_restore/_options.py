@@ -9,20 +9,25 @@ from typing import Optional
 TURN_TIMEOUT_ENV = "SERIALIZED_RESTORE_TURN_TIMEOUT"
 HEARTBEAT_TIMEOUT_ENV = "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT"
 READER_ENV = "SERIALIZED_RESTORE_READER"
+AVAILABLE_MEMORY_ENV = "SERIALIZED_RESTORE_AVAILABLE_MEMORY"
+AUTO = "auto"
 
 DEFAULT_TURN_TIMEOUT = 1800.0
 DEFAULT_HEARTBEAT_TIMEOUT = 60.0
 READERS = ("auto", "mmap", "eager")
 
-_ACCEPTED = "`False`, `True` or a positive int (the most local ranks of a node that restore at once)"
+_ACCEPTED = (
+    '`False`, `True`, a positive int (the most local ranks of a node that restore at once) or `"auto"` (chosen from'
+    " the memory available)"
+)
 
 
 @dataclass(frozen=True)
 class SerializedLoading:
     """The validated ``serialized_checkpoint_loading`` value and the settings that go with it.
 
-    ``max_concurrent`` is ``None`` when the option is off, else the most local ranks of one node inside a turn at
-    the same time (``True`` means 1).
+    ``max_concurrent`` is ``None`` when the option is off or ``"auto"`` (chosen per node at restore time), else the
+    most local ranks of one node inside a turn at the same time (``True`` means 1).
     """
 
     value: object
@@ -32,8 +37,12 @@ class SerializedLoading:
     reader: str = "auto"
 
     @property
+    def auto(self) -> bool:
+        return self.value == AUTO
+
+    @property
     def enabled(self) -> bool:
-        return self.max_concurrent is not None
+        return self.max_concurrent is not None or self.auto
 
     @classmethod
     def parse(cls, value: object) -> SerializedLoading:
@@ -48,7 +57,7 @@ class SerializedLoading:
 
 
 def _max_concurrent(value: object) -> Optional[int]:
-    if value is False:
+    if value is False or value == AUTO:
         return None
     if value is True:
         return 1
@@ -82,3 +91,17 @@ def _reader_env() -> str:
     if raw not in READERS:
         raise ValueError(f"`{READER_ENV}={raw!r}` is not supported. Accepted values: {', '.join(READERS)}.")
     return raw
+
+
+def available_memory_override() -> Optional[int]:
+    """Bytes of host memory to assume available for ``"auto"``, from ``SERIALIZED_RESTORE_AVAILABLE_MEMORY``."""
+    raw = os.environ.get(AVAILABLE_MEMORY_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(float(raw))
+    except ValueError as err:
+        raise ValueError(f"`{AVAILABLE_MEMORY_ENV}={raw!r}` is not a number of bytes, e.g. 17179869184.") from err
+    if value < 0:
+        raise ValueError(f"`{AVAILABLE_MEMORY_ENV}={raw!r}` must not be negative.")
+    return value

@@ -13,19 +13,20 @@ class SerializedRestoreTrainerMixin:
     Args:
         serialized_checkpoint_loading: ``False`` (default) restores exactly as upstream. ``True``: the local ranks
             of each node restore one at a time, nodes in parallel, each freeing what it no longer needs as soon as
-            it is restored. A positive int ``k``: at most ``k`` local ranks of a node restore at once.
+            it is restored. A positive int ``k``: at most ``k`` local ranks of a node restore at once. ``"auto"``:
+            ``k`` is chosen per node from the memory available when the restore starts.
     """
 
     # the flavour's connector class; set by each flavour module (a module-level class, so ``ddp_spawn`` can pickle it)
     _connector_class: ClassVar[type]
 
-    def __init__(self, *args: Any, serialized_checkpoint_loading: Union[bool, int] = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, serialized_checkpoint_loading: Union[bool, int, str] = False, **kwargs: Any) -> None:
         options = SerializedLoading.parse(serialized_checkpoint_loading)
         super().__init__(*args, **kwargs)
         self._checkpoint_connector = self._connector_class(self, options)
         self._serialized_loading = options
 
     @property
-    def serialized_checkpoint_loading(self) -> Union[bool, int]:
+    def serialized_checkpoint_loading(self) -> Union[bool, int, str]:
         """The value the Trainer was built with."""
         return self._serialized_loading.value  # type: ignore[return-value]

@@ -6,17 +6,26 @@ import numpy as np
 import pytest
 
 from serialized_restore import Trainer
-from serialized_restore._options import SerializedLoading
+from serialized_restore._memory import SAFETY_MARGIN, plan_auto
+from serialized_restore._options import SerializedLoading, available_memory_override
 from serialized_restore.lightning import Trainer as UnifiedTrainer
 
 
 @pytest.mark.parametrize(("value", "expected"), [(False, None), (True, 1), (1, 1), (2, 2), (64, 64), (np.int64(3), 3)])
 def test_accepted_values(value: object, expected: object) -> None:
     """False turns the option off, True means one rank at a time, a positive int bounds concurrent ranks."""
-    assert SerializedLoading.parse(value).max_concurrent == expected
+    parsed = SerializedLoading.parse(value)
+    assert parsed.max_concurrent == expected
+    assert parsed.enabled is (value is not False) and not parsed.auto
 
 
-@pytest.mark.parametrize("value", [0, -1, 1.0, 2.5, "yes", "True", None, [1]])
+def test_auto_is_accepted() -> None:
+    """ "auto" turns the option on with k chosen at restore time."""
+    parsed = SerializedLoading.parse("auto")
+    assert parsed.enabled and parsed.auto and parsed.max_concurrent is None
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.0, 2.5, "yes", "True", "AUTO", None, [1]])
 def test_rejected_values_raise_at_construction(value: object) -> None:
     """Anything else raises ValueError at `Trainer(...)`, quoting the value and listing what is accepted."""
     for trainer_cls in (Trainer, UnifiedTrainer):
@@ -33,13 +42,17 @@ def test_rejected_values_raise_at_construction(value: object) -> None:
         ("SERIALIZED_RESTORE_TURN_TIMEOUT", "-5", "must be a positive number"),
         ("SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT", "0", "must be a positive number"),
         ("SERIALIZED_RESTORE_READER", "lazy", "Accepted values: auto, mmap, eager"),
+        ("SERIALIZED_RESTORE_AVAILABLE_MEMORY", "lots", "is not a number of bytes"),
     ],
 )
 def test_bad_environment_settings_raise(monkeypatch: pytest.MonkeyPatch, name: str, raw: str, fragment: str) -> None:
     """A malformed setting in the environment is refused at construction with the variable and its value."""
     monkeypatch.setenv(name, raw)
     with pytest.raises(ValueError, match=fragment) as info:
-        Trainer(serialized_checkpoint_loading=True, logger=False)
+        if name == "SERIALIZED_RESTORE_AVAILABLE_MEMORY":
+            available_memory_override()
+        else:
+            Trainer(serialized_checkpoint_loading=True, logger=False)
     assert name in str(info.value) and repr(raw.lower() if name.endswith("READER") else raw) in str(info.value)
 
 
@@ -65,3 +78,24 @@ def test_trainer_is_a_lightning_trainer() -> None:
     unified = UnifiedTrainer(logger=False)
     assert isinstance(unified, lightning.pytorch.Trainer)
     assert unified.serialized_checkpoint_loading is False
+
+
+@pytest.mark.parametrize(
+    ("available", "reader", "expected"),
+    [
+        (10 * 2**30, "eager", 4),  # room for every local rank
+        (int(2.6 * 2**30), "eager", 2),  # 2.6 GiB x 0.8 = 2.08 GiB: two 1 GiB turns
+        (int(1.3 * 2**30), "eager", 1),
+        (int(1.2 * 2**30), "mmap", 4),  # a mapped turn needs about a tenth of the file privately
+        (int(0.5 * 2**30), "eager", 0),  # not even one turn fits
+    ],
+)
+def test_auto_plan_from_injected_available_memory(
+    monkeypatch: pytest.MonkeyPatch, available: int, reader: str, expected: int
+) -> None:
+    """ "auto" picks k from available memory x (1 - margin) / per-turn need, clamped to the local world size."""
+    monkeypatch.setenv("SERIALIZED_RESTORE_AVAILABLE_MEMORY", str(available))
+    plan = plan_auto(checkpoint_size=2**30, reader=reader, local_world_size=4)
+    assert plan.max_concurrent == expected
+    assert plan.available == available and plan.available_source == "SERIALIZED_RESTORE_AVAILABLE_MEMORY"
+    assert f"{SAFETY_MARGIN:.0%} kept as margin" in plan.describe()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import run_ok
+from tests.helpers.launch import run_job
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -233,3 +234,46 @@ def test_mmap_checkpoint_io_alone_and_combined(tmp_path: Path, reference: dict[s
         }
     )
     assert_training_state_equal(result.ranks, reference["uninterrupted"])
+
+
+def test_auto_chooses_k_per_node_from_available_memory(tmp_path: Path, reference: dict[str, Any]) -> None:
+    """ "auto" with room for one eager turn runs turns one at a time, and logs its choice with the figures."""
+    size = Path(reference["ckpt"]).stat().st_size
+    result = run_ok(
+        {
+            "trainer": "ours",
+            "serialized": "auto",
+            "out": str(tmp_path),
+            "entry": "validate",
+            "ckpt_path": reference["ckpt"],
+        },
+        env={"SERIALIZED_RESTORE_READER": "eager", "SERIALIZED_RESTORE_AVAILABLE_MEMORY": str(int(1.5 * size / 0.8))},
+    )
+    for stage, intervals in turn_intervals(result.ranks).items():
+        assert max_concurrent(intervals) == 1, stage
+    decision = [m for _, m in result.ranks[0]["turn_log"] if '"auto" chose' in m]
+    assert (
+        len(decision) == 1 and "k=1 for node 0" in decision[0] and "SERIALIZED_RESTORE_AVAILABLE_MEMORY" in decision[0]
+    )
+
+
+def test_auto_refuses_before_starting_when_one_turn_does_not_fit(tmp_path: Path, reference: dict[str, Any]) -> None:
+    """When not even one turn fits, every rank raises MemoryError with the figures, before any turn starts."""
+    size = Path(reference["ckpt"]).stat().st_size
+    result = run_job(
+        {
+            "trainer": "ours",
+            "serialized": "auto",
+            "out": str(tmp_path),
+            "entry": "validate",
+            "ckpt_path": reference["ckpt"],
+        },
+        timeout=120,
+        env={"SERIALIZED_RESTORE_READER": "eager", "SERIALIZED_RESTORE_AVAILABLE_MEMORY": str(size // 2)},
+    )
+    assert result.returncode != 0
+    assert sorted(result.errors) == [0, 1], result.output[-4000:]
+    for rank, error in result.errors.items():
+        assert error["type"] == "MemoryError", f"rank {rank}"
+        assert "not even one rank of node 0" in error["message"] and "GiB available" in error["message"]
+    assert "turn for" not in result.output
