@@ -64,6 +64,8 @@ class _SerializedCheckpointConnectorMixin:
         self._optimizer_fingerprint: Optional[_Fingerprint] = None
         self._warned_strategies: set[type] = set()
         self._local_copy: Optional[NodeLocalCopy] = None
+        self.restore_incomplete = False
+        """True from the start of a serialized restore until ``resume_end``: the model may be partly restored."""
         flavour = flavour_of(self)
         self._log = logging.getLogger(f"{flavour.pytorch}.serialized_restore")
 
@@ -76,6 +78,7 @@ class _SerializedCheckpointConnectorMixin:
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
             return
         self._weights_only = weights_only
+        self.restore_incomplete = True
         try:
             if is_remote(checkpoint_path):
                 self._fetch(self._make_schedule(checkpoint_path, 1), checkpoint_path)
@@ -89,7 +92,7 @@ class _SerializedCheckpointConnectorMixin:
                 record.bytes_read = self._bytes_read
                 self._release_after_modules()
         except BaseException:
-            self._remove_local_copy()
+            self._abandon()
             raise
         self._schedule = schedule
 
@@ -102,6 +105,12 @@ class _SerializedCheckpointConnectorMixin:
         with schedule.turn(STAGE_FETCH) as record:
             if self.trainer.local_rank == 0:
                 record.bytes_read = self._local_copy.fetch()
+
+    def _abandon(self) -> None:
+        """(each rank, after a failed stage) Free the cached checkpoint and the local copy; resume_end won't run."""
+        self._loaded_checkpoint = {}
+        self._reread_optimizer_states = False
+        self._remove_local_copy()
 
     def _remove_local_copy(self) -> None:
         copy, self._local_copy = self._local_copy, None
@@ -156,9 +165,11 @@ class _SerializedCheckpointConnectorMixin:
                 record.bytes_read = self._prepare_optimizer_states()
                 super().restore_training_state()  # type: ignore[misc]
                 self._loaded_checkpoint = {}
-        finally:
-            # every rank of the job has ended the stage (or the restore failed): nobody reads the copy any more
-            self._remove_local_copy()
+        except BaseException:
+            self._abandon()
+            raise
+        # every rank of the job has ended the stage: nobody reads the local copy any more
+        self._remove_local_copy()
 
     def _prepare_optimizer_states(self) -> int:
         """Give the cached dict optimizer state in private memory; return the bytes read or copied."""
@@ -177,6 +188,7 @@ class _SerializedCheckpointConnectorMixin:
 
     def resume_end(self) -> None:
         self._schedule = None
+        self.restore_incomplete = False
         self._remove_local_copy()
         self._reread_optimizer_states = False
         super().resume_end()  # type: ignore[misc]

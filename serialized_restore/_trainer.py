@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Union
 
+from serialized_restore._flavour import flavour_of
 from serialized_restore._options import SerializedLoading
 
 
@@ -25,6 +26,26 @@ class SerializedRestoreTrainerMixin:
         super().__init__(*args, **kwargs)
         self._checkpoint_connector = self._connector_class(self, options)
         self._serialized_loading = options
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super()._run(*args, **kwargs)  # type: ignore[misc]
+        except BaseException:
+            if self._checkpoint_connector.restore_incomplete:
+                self._disable_checkpoint_callbacks()
+            raise
+
+    def _disable_checkpoint_callbacks(self) -> None:
+        """Keep checkpoint callbacks from saving a half-restored model when Lightning handles the exception."""
+        checkpoint_cls = flavour_of(self).import_("callbacks", "Checkpoint")
+        disabled = [cb for cb in self.callbacks if isinstance(cb, checkpoint_cls)]  # type: ignore[has-type]
+        if not disabled:
+            return
+        self.callbacks = [cb for cb in self.callbacks if cb not in disabled]  # type: ignore[has-type]
+        flavour_of(self).import_("utilities.rank_zero", "rank_zero_warn")(
+            f"The checkpoint restore failed, so {', '.join(type(cb).__name__ for cb in disabled)} will not save a"
+            " checkpoint of the partly restored model."
+        )
 
     @property
     def serialized_checkpoint_loading(self) -> Union[bool, int, str]:

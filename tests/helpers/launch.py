@@ -27,14 +27,16 @@ class JobResult:
     errors: dict[int, dict[str, Any]]
 
 
-def run_job(config: dict[str, Any], timeout: float = 120.0, env: Optional[dict[str, str]] = None) -> JobResult:
-    """Run one job (all its ranks) and return every rank's result; kill the whole process group on timeout."""
+def run_job(
+    config: dict[str, Any], timeout: float = 120.0, env: Optional[dict[str, str]] = None, script: Path = JOB
+) -> JobResult:
+    """Run one job script (all its ranks) and return every rank's result; kill the whole process group on timeout."""
     out = Path(config["out"])
     out.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, str(JOB), json.dumps(config)],
+        [sys.executable, str(script), json.dumps(config)],
         cwd=out,
         env=full_env,
         stdout=subprocess.PIPE,

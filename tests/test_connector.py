@@ -1,0 +1,124 @@
+"""The serialized connector in a single process: strategy support, hook changes to optimizer state, readers."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.strategies import SingleDeviceStrategy
+
+from serialized_restore import Trainer
+from tests.helpers.models import dataloader, make_model_class
+
+Model = make_model_class("pytorch_lightning")
+
+
+def _trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
+    defaults: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    return Trainer(**{**defaults, **kwargs})
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> str:
+    torch.manual_seed(0)
+    trainer = _trainer(tmp_path)
+    trainer.fit(Model(), train_dataloaders=dataloader())
+    path = str(tmp_path / "one.ckpt")
+    trainer.save_checkpoint(path)
+    return path
+
+
+class _OverridingStrategy(SingleDeviceStrategy):
+    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
+        super().load_model_state_dict(checkpoint, strict=strict)
+
+
+def test_strategy_overriding_restore_warns_and_restores_as_upstream(
+    tmp_path: Path, checkpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A strategy that overrides a restore method gets one warning naming it, and the upstream restore."""
+    trainer = _trainer(
+        tmp_path, strategy=_OverridingStrategy(device=torch.device("cpu")), serialized_checkpoint_loading=True
+    )
+    model = Model()
+    with caplog.at_level(logging.INFO), pytest.warns(UserWarning) as warned:
+        trainer.validate(model, dataloaders=dataloader(), ckpt_path=checkpoint)
+    messages = [str(w.message) for w in warned if "serialized_checkpoint_loading" in str(w.message)]
+    assert messages == [
+        "`Trainer(serialized_checkpoint_loading=True)` has no effect with _OverridingStrategy: it overrides"
+        " load_model_state_dict. The checkpoint is restored as upstream Lightning does."
+    ]
+    assert "turn for" not in caplog.text
+    saved = torch.load(checkpoint, weights_only=True)["state_dict"]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
+
+
+class _ZeroingModel(Model):  # type: ignore[misc,valid-type]
+    """Changes the optimizer state in `on_load_checkpoint`, in place, as some users do."""
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        for state in checkpoint["optimizer_states"][0]["state"].values():
+            state["exp_avg"].mul_(0)
+
+    def on_train_start(self) -> None:
+        self.exp_avg_at_start = [s["exp_avg"].clone() for s in self.trainer.optimizers[0].state.values()]
+
+
+@pytest.mark.parametrize("reader", ["eager", "mmap"])
+def test_hook_changes_to_optimizer_state_are_kept(
+    tmp_path: Path, checkpoint: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, reader: str
+) -> None:
+    """An in-place change a hook makes to checkpoint['optimizer_states'] reaches the optimizer with both readers."""
+    monkeypatch.setenv("SERIALIZED_RESTORE_READER", reader)
+    trainer = _trainer(tmp_path, max_epochs=2, serialized_checkpoint_loading=True)
+    model = _ZeroingModel()
+    with caplog.at_level(logging.INFO):
+        trainer.fit(model, train_dataloaders=dataloader(), ckpt_path=checkpoint)
+    assert model.exp_avg_at_start and all(torch.count_nonzero(t) == 0 for t in model.exp_avg_at_start)
+    assert "turn for 'restore training state' ended" in caplog.text
+    if reader == "eager":
+        assert "a hook changed checkpoint['optimizer_states']" in caplog.text
+
+
+def test_eager_reader_reads_optimizer_state_again(
+    tmp_path: Path, checkpoint: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the eager reader, unchanged optimizer state is dropped after stage 1 and read again in stage 2."""
+    monkeypatch.setenv("SERIALIZED_RESTORE_READER", "eager")
+    torch.manual_seed(0)
+    reference = _trainer(tmp_path, max_epochs=2)
+    reference_model = Model()
+    reference.fit(reference_model, train_dataloaders=dataloader(), ckpt_path=checkpoint)
+
+    trainer = _trainer(tmp_path, max_epochs=2, serialized_checkpoint_loading=True)
+    model = Model()
+    with caplog.at_level(logging.INFO):
+        trainer.fit(model, train_dataloaders=dataloader(), ckpt_path=checkpoint)
+    assert "a hook changed" not in caplog.text
+    stage2 = [r.getMessage() for r in caplog.records if "'restore training state' ended" in r.getMessage()]
+    size = Path(checkpoint).stat().st_size
+    assert stage2 and stage2[0].endswith(f"read {size / 1024:.1f} KiB"), stage2
+    for key, value in reference_model.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+
+
+def test_upstream_trainer_is_untouched() -> None:
+    """Importing the package changes nothing in the upstream Trainer."""
+    import serialized_restore.lightning  # noqa: F401
+
+    trainer = pl.Trainer(logger=False)
+    assert type(trainer._checkpoint_connector).__module__.startswith("pytorch_lightning.")

@@ -1,0 +1,457 @@
+"""Failed restores end the same way on every rank, in bounded time, and lose nothing.
+
+Real multi-process Lightning jobs (gloo on CPU, the Trainer's own ``ddp`` and ``ddp_spawn`` launchers) run
+``tests/helpers/failing_job.py``, which injects one fault per case and writes every rank's outcome. Timeouts are short
+here (``FAST``) so that a case that should end at a bound ends within seconds; each job also has a hard timeout that
+kills its whole process group. Every test prints a ``TIMING`` line: the seconds from the fault to the end of the last
+rank, and to the end of the whole job (processes gone), as reported in ``docs/failures.md``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import torch
+
+from tests.helpers import launch
+from tests.helpers.models import make_model_class
+
+FAILING_JOB = Path(__file__).with_name("helpers") / "failing_job.py"
+TURN_TIMEOUT = 8.0
+HEARTBEAT_TIMEOUT = 3.0
+FAST = {
+    "SERIALIZED_RESTORE_TURN_TIMEOUT": str(TURN_TIMEOUT),
+    "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
+}
+STAGE_1 = "restore modules and callbacks"
+STAGE_2 = "restore training state"
+# how long after a fault every rank must have ended, for a failure that is seen at once
+PROMPT = 3.0
+
+
+# ----------------------------------------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(reference: dict[str, Any]) -> Path:
+    """The shared 1-epoch checkpoint written by upstream Lightning (``conftest.py``); never modified."""
+    return Path(reference["ckpt"])
+
+
+@pytest.fixture()
+def checkpoint_dir(tmp_path: Path, trained_checkpoint: Path) -> Path:
+    """A checkpoint directory as ``ModelCheckpoint`` leaves it: two checkpoints and ``last.ckpt``."""
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    data = trained_checkpoint.read_bytes()
+    for name in ("epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "last.ckpt"):
+        (directory / name).write_bytes(data)
+    return directory
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[int, int, str]]:
+    """Every file under ``directory``: size, modification time and content hash."""
+    return {
+        str(path.relative_to(directory)): (path.stat().st_size, path.stat().st_mtime_ns, _sha256(path))
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() or path.is_symlink()
+    }
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else f"-> {os.readlink(path)}"
+
+
+class Run:
+    """One job's return code, output and end time, and per case every rank's outcome and the fault's time."""
+
+    def __init__(self, result: launch.JobResult, ended: float, out: Path, cases: list[dict[str, Any]]) -> None:
+        self.returncode = result.returncode
+        self.output = result.output
+        self.ended = ended
+        self.cases: dict[str, dict[str, Any]] = {}
+        for case in cases:
+            directory = out / case["name"]
+            fault = directory / "fault.json"
+            self.cases[case["name"]] = {
+                "ranks": {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(directory.glob("rank*.json"))},
+                "fault": json.loads(fault.read_text()) if fault.exists() else None,
+            }
+
+    def ranks(self, case: str) -> dict[int, dict[str, Any]]:
+        return self.cases[case]["ranks"]
+
+    def fault_at(self, case: str) -> float:
+        fault = self.cases[case]["fault"]
+        assert fault is not None, f"the fault of {case!r} was never injected"
+        return float(fault["at"])
+
+    def timing(self, case: str, bound: float, start: Optional[float] = None) -> float:
+        """Print and return the seconds from the fault (or ``start``) to the end of the last rank that ended.
+
+        For a job of one case, also print the seconds until the job's processes were all gone.
+        """
+        origin = self.fault_at(case) if start is None else start
+        ranks = self.ranks(case)
+        last = max(o["ended_at"] for o in ranks.values()) - origin if ranks else float("nan")
+        each = ", ".join(f"{r}: {o['ended_at'] - origin:.2f}s" for r, o in sorted(ranks.items())) or "none"
+        job = f", job ended {self.ended - origin:.2f}s" if len(self.cases) == 1 else ""
+        print(f"TIMING {case}: last rank ended {last:.2f}s ({each}){job}, bound {bound:g}s")
+        return last
+
+
+def _run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cases: list[dict[str, Any]],
+    *,
+    strategy: str = "ddp",
+    devices: int = 2,
+    timeout: float = 150.0,
+    continue_after_failure: bool = False,
+    env: Optional[dict[str, str]] = None,
+) -> Run:
+    """Run ``failing_job.py`` with the Trainer's own launcher; kill its process group after ``timeout`` seconds."""
+    out = tmp_path / "job"
+    config = {
+        "out": str(out),
+        "strategy": strategy,
+        "devices": devices,
+        "cases": cases,
+        "continue_after_failure": continue_after_failure,
+    }
+    result = launch.run_job(config, timeout=timeout, env={**FAST, **(env or {})}, script=FAILING_JOB)
+    return Run(result, time.time(), out, cases)
+
+
+def _assert_raised_on_every_rank(
+    run: Run, case: str, world: int, failed: list[int], path: str, stage: str, *fragments: str
+) -> None:
+    """Every rank raised CheckpointRestoreError naming ``failed``, ``path`` and ``stage``, with ``fragments``."""
+    ranks = run.ranks(case)
+    assert sorted(ranks) == list(range(world)), (case, sorted(ranks), run.output[-4000:])
+    for rank, outcome in ranks.items():
+        assert outcome["type"] == "CheckpointRestoreError", (case, rank, outcome)
+        assert outcome["failed_ranks"] == failed, (case, rank, outcome["message"])
+        message = outcome["message"]
+        assert f"Serialized restore of checkpoint {path!r} failed on rank(s) {', '.join(map(str, failed))}" in message
+        assert f"stage {stage!r}" in message
+        for fragment in fragments:
+            assert fragment in message, (case, rank, fragment, message)
+
+
+# ------------------------------------------------------------------------------------- an exception on one rank
+
+
+@pytest.mark.timeout(200)
+def test_an_exception_on_one_rank_is_raised_on_every_rank(tmp_path, monkeypatch, checkpoint_dir):
+    """An exception on rank 0, a middle or the last rank, in either stage, ends every rank with one error at once."""
+    before = _snapshot(checkpoint_dir)
+    ckpt = str(checkpoint_dir / "last.ckpt")
+    cases = [
+        {"name": "rank 0, on_load_checkpoint", "fault": {"rank": 0, "in": "module_hook"}},
+        {"name": "middle rank, strict key mismatch", "fault": {"rank": 1, "in": "strict_mismatch"}},
+        {"name": "last rank, callback load_state_dict", "fault": {"rank": 2, "in": "callback_load_state_dict"}},
+        {"name": "middle rank, optimizer state (stage 2)", "fault": {"rank": 1, "in": "optimizer_state"}},
+        {"name": "no fault afterwards", "max_epochs": 2},
+    ]
+    for case in cases:
+        case["ckpt_path"] = ckpt
+    run = _run(tmp_path, monkeypatch, cases, devices=3, continue_after_failure=True, timeout=180)
+    assert run.returncode == 0, run.output[-4000:]
+    expected = [
+        (0, STAGE_1, "RuntimeError: injected failure in module_hook on rank 0", "on_load_checkpoint"),
+        (1, STAGE_1, "Missing key(s) in state_dict", "load_state_dict"),
+        (2, STAGE_1, "RuntimeError: injected failure in callback_load_state_dict on rank 2", "load_state_dict"),
+        (1, STAGE_2, "ValueError: loaded state dict has a different number of parameter groups", "load_state_dict"),
+    ]
+    for case, (failed, stage, message, frame) in zip(cases, expected):
+        name = case["name"]
+        _assert_raised_on_every_rank(run, name, 3, [failed], ckpt, stage, message, f"Traceback on rank {failed}", frame)
+        for rank, outcome in run.ranks(name).items():
+            # the original exception is the cause on the failing rank only
+            assert (outcome["cause_type"] is not None) == (rank == failed), (name, rank, outcome["cause"])
+        assert run.timing(name, bound=PROMPT) < PROMPT
+    # the process group is still usable, and the checkpoint still restores
+    assert all(o["ok"] for o in run.ranks("no fault afterwards").values())
+    assert sorted(run.ranks("no fault afterwards")) == [0, 1, 2]
+    assert _snapshot(checkpoint_dir) == before
+
+
+@pytest.mark.timeout(150)
+def test_an_exception_on_one_rank_ends_a_ddp_job(tmp_path, monkeypatch, checkpoint_dir):
+    """With ``ddp``, an exception on a child rank reaches every rank before the launcher ends the job."""
+    before = _snapshot(checkpoint_dir)
+    ckpt = str(checkpoint_dir / "last.ckpt")
+    cases = [{"name": "ddp, last rank raises", "ckpt_path": ckpt, "fault": {"rank": 1, "in": "module_hook"}}]
+    run = _run(tmp_path, monkeypatch, cases, timeout=120)
+    assert run.returncode != 0
+    name = cases[0]["name"]
+    _assert_raised_on_every_rank(run, name, 2, [1], ckpt, STAGE_1, "injected failure in module_hook on rank 1")
+    assert run.timing(name, bound=PROMPT) < PROMPT
+    assert run.ended - run.fault_at(name) < 30
+    assert _snapshot(checkpoint_dir) == before
+
+
+@pytest.mark.timeout(200)
+def test_an_exception_on_one_rank_ends_a_ddp_spawn_job(tmp_path, monkeypatch, checkpoint_dir):
+    """With ``ddp_spawn``, every worker writes the same error before the launcher terminates the others."""
+    before = _snapshot(checkpoint_dir)
+    ckpt = str(checkpoint_dir / "last.ckpt")
+    cases = [{"name": "ddp_spawn, last rank raises", "ckpt_path": ckpt, "fault": {"rank": 1, "in": "module_hook"}}]
+    run = _run(tmp_path, monkeypatch, cases, strategy="ddp_spawn", timeout=180)
+    assert run.returncode != 0
+    name = cases[0]["name"]
+    _assert_raised_on_every_rank(run, name, 2, [1], ckpt, STAGE_1, "injected failure in module_hook on rank 1")
+    assert "ProcessRaisedException" in run.output and "CheckpointRestoreError" in run.output
+    assert run.timing(name, bound=PROMPT) < PROMPT
+    assert run.ended - run.fault_at(name) < 30
+    assert _snapshot(checkpoint_dir) == before
+
+
+@pytest.mark.timeout(150)
+def test_no_checkpoint_of_a_half_restored_model_is_written(tmp_path, monkeypatch, checkpoint_dir):
+    """``ModelCheckpoint(save_on_exception=True)`` and ``OnExceptionCheckpoint`` write nothing when a restore fails."""
+    before = _snapshot(checkpoint_dir)
+    ckpt = str(checkpoint_dir / "last.ckpt")
+    fault = {"rank": 1, "in": "optimizer_state"}
+    cases = [{"name": "stage 2 fails", "ckpt_path": ckpt, "fault": fault, "checkpoint_dir": str(checkpoint_dir)}]
+    run = _run(tmp_path, monkeypatch, cases, timeout=120)
+    _assert_raised_on_every_rank(run, "stage 2 fails", 2, [1], ckpt, STAGE_2, "different number of parameter groups")
+    after = _snapshot(checkpoint_dir)
+    assert {name: after[name] for name in before} == before  # holds today: nothing is modified or removed
+    assert sorted(set(after) - set(before)) == []
+
+
+# ------------------------------------------------------------------------------------------------- a dead rank
+
+
+def _assert_dead_rank_reported(run: Run, name: str, world: int, dead: int, fragments: tuple[str, ...]) -> None:
+    """Each surviving rank raised naming the dead rank, or was ended by the launcher once the dead rank was gone."""
+    ranks = run.ranks(name)
+    assert dead not in ranks
+    for rank in set(range(world)) - {dead}:
+        outcome = ranks.get(rank)
+        if outcome is None:
+            # the launcher got there first: Lightning's process observer, or torch.multiprocessing's join
+            assert "Forcefully terminating all other processes" in run.output or "ProcessExitedException" in run.output
+            continue
+        assert outcome["type"] == "CheckpointRestoreError", outcome
+        assert outcome["failed_ranks"] == [dead], outcome["message"]
+        for fragment in fragments:
+            assert fragment in outcome["message"], (rank, fragment, outcome["message"])
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_killed_in_its_turn_ends_a_ddp_job(tmp_path, monkeypatch, checkpoint_dir):
+    """A middle rank SIGKILLed in its turn ends the job at once: its node reports it, or Lightning's observer does."""
+    before = _snapshot(checkpoint_dir)
+    ckpt = str(checkpoint_dir / "last.ckpt")
+    name = "ddp, middle rank killed"
+    run = _run(
+        tmp_path, monkeypatch, [{"name": name, "ckpt_path": ckpt, "fault": {"rank": 1, "in": "kill"}}], devices=3
+    )
+    fragments = (
+        "rank 1 (node 0, local rank 1)",
+        "exited while inside its turn",
+        "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT",
+    )
+    _assert_dead_rank_reported(run, name, 3, 1, fragments)
+    if run.ranks(name):
+        assert run.timing(name, bound=HEARTBEAT_TIMEOUT) < HEARTBEAT_TIMEOUT
+    assert run.ended - run.fault_at(name) < 30
+    assert _snapshot(checkpoint_dir) == before
+
+
+@pytest.mark.timeout(150)
+def test_rank_zero_killed_in_its_turn_ends_a_ddp_job(tmp_path, monkeypatch, checkpoint_dir):
+    """Killing rank 0, which hosts the store, ends every other rank at once with an error naming rank 0."""
+    before = _snapshot(checkpoint_dir)
+    ckpt = str(checkpoint_dir / "last.ckpt")
+    name = "ddp, rank 0 killed"
+    run = _run(tmp_path, monkeypatch, [{"name": name, "ckpt_path": ckpt, "fault": {"rank": 0, "in": "kill"}}])
+    ranks = run.ranks(name)
+    assert sorted(ranks) == [1], run.output[-4000:]
+    assert ranks[1]["failed_ranks"] == [0] and ranks[1]["kinds"] == ["store lost"]
+    assert "lost contact with the process group's store, which is hosted by global rank 0" in ranks[1]["message"]
+    assert run.timing(name, bound=PROMPT) < PROMPT
+    assert run.ended - run.fault_at(name) < 30
+    assert _snapshot(checkpoint_dir) == before
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_killed_in_its_turn_ends_a_ddp_spawn_job(tmp_path, monkeypatch, checkpoint_dir):
+    """With ``ddp_spawn`` a SIGKILLed worker ends the job within the bound, by our error or the launcher's."""
+    before = _snapshot(checkpoint_dir)
+    ckpt = str(checkpoint_dir / "last.ckpt")
+    name = "ddp_spawn, last rank killed"
+    cases = [{"name": name, "ckpt_path": ckpt, "fault": {"rank": 1, "in": "kill"}}]
+    run = _run(tmp_path, monkeypatch, cases, strategy="ddp_spawn", timeout=180)
+    assert run.returncode != 0
+    assert "ProcessExitedException" in run.output and "SIGKILL" in run.output
+    _assert_dead_rank_reported(run, name, 2, 1, ("exited while inside its turn",))
+    run.timing(name, bound=HEARTBEAT_TIMEOUT)
+    assert run.ended - run.fault_at(name) < 30
+    assert _snapshot(checkpoint_dir) == before
+
+
+# ------------------------------------------------------------------------------------------- a turn that hangs
+
+
+@pytest.mark.timeout(150)
+def test_a_turn_longer_than_the_timeout_names_the_setting(tmp_path, monkeypatch, checkpoint_dir):
+    """A live turn longer than the turn timeout ends every rank with an error naming the slow rank and the setting."""
+    ckpt = str(checkpoint_dir / "last.ckpt")
+    name = "ddp, slow turn on the last rank"
+    turn_timeout = 4.0
+    cases = [{"name": name, "ckpt_path": ckpt, "fault": {"rank": 1, "in": "sleep", "seconds": turn_timeout + 5}}]
+    env = {"SERIALIZED_RESTORE_TURN_TIMEOUT": str(turn_timeout)}
+    run = _run(tmp_path, monkeypatch, cases, env=env)
+    fragments = ("still inside its turn", "SERIALIZED_RESTORE_TURN_TIMEOUT (seconds, now 4)", "slow", "time.sleep(")
+    _assert_raised_on_every_rank(run, name, 2, [1], ckpt, STAGE_1, *fragments)
+    fault = run.fault_at(name)
+    # the waiting rank gives up at the bound (counted from the start of the turn, a little before the fault); the
+    # slow rank when its turn ends
+    assert turn_timeout - 0.5 <= run.ranks(name)[0]["ended_at"] - fault < turn_timeout + PROMPT
+    assert run.timing(name, bound=turn_timeout + 5) < turn_timeout + 5 + PROMPT
+    assert run.ended - fault < turn_timeout + 30
+
+
+@pytest.mark.timeout(150)
+def test_a_collective_in_a_hook_ends_in_the_timeout_error(tmp_path, monkeypatch, checkpoint_dir):
+    """A ``broadcast`` in ``on_load_checkpoint`` cannot complete in turns: every rank raises an error that says so."""
+    ckpt = str(checkpoint_dir / "last.ckpt")
+    name = "ddp, broadcast in on_load_checkpoint"
+    turn_timeout = 4.0
+    cases = [{"name": name, "ckpt_path": ckpt, "fault": {"rank": "all", "in": "collective"}}]
+    run = _run(tmp_path, monkeypatch, cases, env={"SERIALIZED_RESTORE_TURN_TIMEOUT": str(turn_timeout)})
+    fragments = (
+        "blocked in the collective `torch.distributed.broadcast`",
+        "`on_load_checkpoint`",
+        "must not run collectives while `serialized_checkpoint_loading` is on",
+        "SERIALIZED_RESTORE_TURN_TIMEOUT (seconds, now 4)",
+    )
+    _assert_raised_on_every_rank(run, name, 2, [0], ckpt, STAGE_1, *fragments)
+    fault = run.fault_at(name)
+    # the waiting rank gives up at the bound (counted from the start of the turn, a little before the fault); the
+    # blocked rank once the waiting rank's process has exited
+    assert turn_timeout - 0.5 <= run.ranks(name)[1]["ended_at"] - fault < turn_timeout + PROMPT
+    assert run.timing(name, bound=turn_timeout) < turn_timeout + 20
+    assert run.ended - fault < turn_timeout + 30
+
+
+# ------------------------------------------------------------------------------------------------------ bad input
+
+
+class _WritesMarker:
+    """A pickle payload: unpickling it calls ``open(marker, "w")``, which creates the marker file."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.marker, "w"))
+
+
+def _bad_inputs(directory: Path, trained: Path) -> tuple[list[dict[str, Any]], dict[str, tuple[str, ...]]]:
+    """Bad checkpoint files, the cases that try them (all four entry points) and what each error must say."""
+    directory.mkdir()
+    raw = trained.read_bytes()
+    checkpoint = torch.load(trained, weights_only=False)
+    files: dict[str, Path] = {}
+
+    def write(name: str, data: bytes) -> None:
+        files[name] = directory / name
+        files[name].write_bytes(data)
+
+    write("empty.ckpt", b"")
+    write("truncated.ckpt", raw[: len(raw) // 2])
+    corrupted = bytearray(raw)
+    start = raw.index(b"\x80\x02", raw.index(b"data.pkl"))  # the pickle's first opcode
+    corrupted[start + 2 : start + 42] = bytes(40)  # its CRC-32 no longer matches
+    write("corrupted.ckpt", bytes(corrupted))
+    write("random.ckpt", bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0)).tolist()))
+    write("notes.txt", b"epoch: 3\nval_loss: 0.12\n")
+    other = copy.deepcopy(checkpoint)
+    other["state_dict"] = {
+        f"net.{k}": v for k, v in make_model_class("pytorch_lightning")(width=16).net.state_dict().items()
+    }
+    files["other_model.ckpt"] = directory / "other_model.ckpt"
+    torch.save(other, files["other_model.ckpt"])
+    files["bare_state_dict.ckpt"] = directory / "bare_state_dict.ckpt"
+    torch.save(checkpoint["state_dict"], files["bare_state_dict.ckpt"])
+    files["legacy_format.ckpt"] = directory / "legacy_format.ckpt"
+    torch.save(checkpoint, files["legacy_format.ckpt"], _use_new_zipfile_serialization=False)
+    old = copy.deepcopy(checkpoint)
+    old.pop("loops")
+    old["pytorch-lightning_version"] = "1.2.0"
+    files["lightning_1.2.ckpt"] = directory / "lightning_1.2.ckpt"
+    torch.save(old, files["lightning_1.2.ckpt"])
+    for flag in ("true", "false"):
+        malicious = dict(checkpoint, extra=_WritesMarker(str(directory.parent / f"MARKER-weights-only-{flag}")))
+        files[f"malicious_{flag}.ckpt"] = directory / f"malicious_{flag}.ckpt"
+        torch.save(malicious, files[f"malicious_{flag}.ckpt"])
+
+    cases = [
+        ("missing", str(directory / "missing.ckpt"), {"entry": "validate"}, ("does not exist", "FileNotFoundError")),
+        ("directory", str(directory), {"entry": "test"}, ("is a directory, not a checkpoint file",)),
+        ("empty", str(files["empty.ckpt"]), {"entry": "predict"}, ("is empty (0 bytes)",)),
+        ("truncated", str(files["truncated.ckpt"]), {}, ("is truncated or damaged", "the end of the archive")),
+        ("corrupted", str(files["corrupted.ckpt"]), {}, ("is corrupted", "CRC-32", "data.pkl")),
+        ("random bytes", str(files["random.ckpt"]), {}, ("is not a PyTorch checkpoint",)),
+        ("text file", str(files["notes.txt"]), {}, ("is not a PyTorch checkpoint", "b'epoch: 3")),
+        ("other model, strict", str(files["other_model.ckpt"]), {}, ("size mismatch for net.0.weight",)),
+        ("other model, non-strict", str(files["other_model.ckpt"]), {"strict": False}, ("size mismatch",)),
+        ("bare state_dict", str(files["bare_state_dict.ckpt"]), {}, ("is not a Lightning checkpoint",)),
+        (
+            "malicious pickle, weights_only=True",
+            str(files["malicious_true.ckpt"]),
+            {"weights_only": True},
+            ("Weights only load failed", "Unsupported global", "io.open"),
+        ),
+    ]
+    built = [{"name": name, "ckpt_path": path, **extra} for name, path, extra, _ in cases]
+    return built, {name: fragments for name, _, _, fragments in cases}
+
+
+@pytest.mark.timeout(240)
+def test_bad_input_is_refused_on_every_rank(tmp_path, monkeypatch, trained_checkpoint):
+    """Each kind of bad checkpoint is refused on every rank with a message that says what is wrong with it."""
+    directory = tmp_path / "inputs"
+    cases, fragments = _bad_inputs(directory, trained_checkpoint)
+    readable = [
+        {"name": "torch legacy format", "ckpt_path": str(directory / "legacy_format.ckpt")},
+        {"name": "Lightning 1.2 checkpoint", "ckpt_path": str(directory / "lightning_1.2.ckpt")},
+        # an explicit weights_only=False is passed through too: the payload runs, as it does upstream
+        {
+            "name": "pickle, weights_only=False",
+            "ckpt_path": str(directory / "malicious_false.ckpt"),
+            "weights_only": False,
+        },
+    ]
+    before = _snapshot(directory)
+    run = _run(tmp_path, monkeypatch, cases + readable, continue_after_failure=True, timeout=220)
+    assert run.returncode == 0, run.output[-4000:]
+    for case in cases:
+        name = case["name"]
+        _assert_raised_on_every_rank(run, name, 2, [0], case["ckpt_path"], STAGE_1, *fragments[name])
+        # refused by rank 0 in the first turn: rank 1 never read the file
+        assert run.ranks(name)[1]["cause_type"] is None
+        start = max(o["started_at"] for o in run.ranks(name).values())
+        assert run.timing(name, bound=PROMPT, start=start) < PROMPT
+    # with weights_only=True the payload never ran: the package did not turn weights_only off
+    assert not (tmp_path / "MARKER-weights-only-true").exists()
+    # older formats that upstream Lightning reads are read the same way, on every rank, and so is a pickle the user
+    # chose to trust: the package did not turn weights_only on either
+    for case in readable:
+        assert sorted(run.ranks(case["name"])) == [0, 1]
+        assert all(o["ok"] for o in run.ranks(case["name"]).values()), run.ranks(case["name"])
+    assert (tmp_path / "MARKER-weights-only-false").exists()
+    assert _snapshot(directory) == before

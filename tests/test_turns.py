@@ -1,0 +1,348 @@
+"""The turn schedule on its own: real processes, a real ``TCPStore`` (gloo where a collective is needed), no Lightning.
+
+Every test forks one process per rank, gives each rank a ``TurnSchedule`` over the same store and lets each rank write
+what it ended with (its turns' timestamps, or the error it raised) to ``rank<r>.json``. A rank that misbehaves on
+purpose first writes ``fault.json`` with the time it did so.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from serialized_restore import CheckpointRestoreError, RankFailure
+from serialized_restore._options import HEARTBEAT_TIMEOUT_ENV, TURN_TIMEOUT_ENV
+from serialized_restore._turns import RankPlacement, TurnSchedule
+
+CKPT = "/checkpoints/epoch=3.ckpt"
+STAGES = ("restore modules and callbacks", "restore training state")
+
+
+def _connect(rank: int, world: int, out_dir: Path) -> dist.TCPStore:
+    """Rank 0 hosts the store on a port the system picks and tells the others through a file."""
+    timeout = datetime.timedelta(seconds=30)
+    port_file = out_dir / "store.port"
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=timeout, wait_for_workers=False)
+        port_file.with_suffix(".tmp").write_text(str(store.port))
+        port_file.with_suffix(".tmp").rename(port_file)
+    else:
+        deadline = time.monotonic() + 30
+        while not port_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        store = dist.TCPStore("127.0.0.1", int(port_file.read_text()), world, False, timeout=timeout)
+    # everyone connected before anyone goes on, as after a real rendezvous; rank 0 leaves last, so that no rank is
+    # still in this barrier if rank 0 (and the store with it) dies right after
+    for key in ("connected", "passed"):
+        store.add(key, 1)
+        while rank == 0 or key == "connected":
+            if int(store.add(key, 0)) >= world:
+                break
+            time.sleep(0.01)
+    return store
+
+
+def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> None:
+    """(one forked rank) take part in the stages of ``scenario`` and write the outcome; never returns."""
+    out_dir = Path(out)
+    outcome: dict[str, Any] = {"events": []}
+    started = time.time()
+    try:
+        store = _connect(rank, world, out_dir)
+        if scenario.get("gloo"):
+            dist.init_process_group("gloo", store=dist.PrefixStore("pg/", store), rank=rank, world_size=world)
+        lws = scenario.get("local_world_size", world)
+        schedule = TurnSchedule(
+            store=store,
+            placement=RankPlacement(rank, world, rank // lws, rank % lws, lws),
+            max_concurrent=scenario.get("k", 1),
+            checkpoint_path=CKPT,
+            turn_timeout=scenario.get("turn_timeout", 30.0),
+            heartbeat_timeout=scenario.get("heartbeat_timeout", 30.0),
+        )
+        action = scenario.get("actions", {}).get(str(rank))
+        if action == "absent":
+            time.sleep(60)
+        for stage in STAGES[: scenario.get("stages", 1)]:
+            with schedule.turn(stage):
+                outcome["events"].append((stage, time.time(), None))
+                if action is not None and stage == STAGES[0]:
+                    _misbehave(action, rank, out_dir)
+                time.sleep(scenario.get("body", 0.0))
+                outcome["events"][-1] = (stage, outcome["events"][-1][1], time.time())
+        outcome["ok"] = True
+    except CheckpointRestoreError as err:
+        outcome.update(
+            error=str(err),
+            failed_ranks=err.failed_ranks,
+            kinds=[f.kind for f in err.failures],
+            cause=repr(err.__cause__),
+            pickled=str(pickle.loads(pickle.dumps(err))) == str(err),
+        )
+    except BaseException as err:
+        outcome["unexpected"] = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    outcome["ended"] = time.time()
+    outcome["elapsed"] = outcome["ended"] - started
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(outcome))
+    if rank == 0:
+        # the store lives in this process: stay until the others are done with it
+        others = [r for r in range(1, world) if r not in scenario.get("silent", [])]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all((out_dir / f"rank{r}.json").exists() for r in others):
+            time.sleep(0.05)
+    os._exit(0)
+
+
+def _misbehave(action: str, rank: int, out_dir: Path) -> None:
+    (out_dir / "fault.json").write_text(json.dumps({"rank": rank, "at": time.time(), "action": action}))
+    if action.startswith("raise"):
+        time.sleep(float(action.partition(":")[2] or 0))
+        raise ValueError(f"bad state in turn of rank {rank}")
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if action.startswith("sleep:"):
+        time.sleep(float(action.split(":")[1]))
+    if action == "broadcast":
+        dist.broadcast(torch.zeros(4), src=0)
+
+
+def _run(tmp_path: Path, world: int, scenario: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Fork ``world`` ranks, wait at most ``timeout`` seconds, kill whatever is left; return every rank's outcome.
+
+    The ranks listed in ``scenario["silent"]`` (killed, frozen or absent on purpose) are not waited for: they are
+    killed once the others have ended.
+    """
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_rank_main, args=(r, world, str(tmp_path), scenario)) for r in range(world)]
+    started = time.time()
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout
+    silent = scenario.get("silent", [])
+    try:
+        for rank, proc in enumerate(procs):
+            if rank not in silent:
+                proc.join(max(0.0, deadline - time.monotonic()))
+        hung = [r for r, proc in enumerate(procs) if proc.is_alive() and r not in silent]
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()  # SIGKILL also ends a SIGSTOPped process
+                proc.join()
+    ranks = {
+        r: json.loads((tmp_path / f"rank{r}.json").read_text())
+        for r in range(world)
+        if (tmp_path / f"rank{r}.json").exists()
+    }
+    fault_file = tmp_path / "fault.json"
+    fault: Optional[dict[str, Any]] = json.loads(fault_file.read_text()) if fault_file.exists() else None
+    exitcodes = [p.exitcode for p in procs]
+    return {"ranks": ranks, "hung": hung, "silent": silent, "fault": fault, "started": started, "exitcodes": exitcodes}
+
+
+def _max_overlap(intervals: list[tuple[float, float]]) -> int:
+    points = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda p: (p[0], p[1]))
+    current = best = 0
+    for _, delta in points:
+        current += delta
+        best = max(best, current)
+    return best
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("world", "local_world_size", "k"), [(4, 4, 1), (4, 4, 2), (4, 2, 1)])
+def test_turns_never_overlap_more_than_k_per_node(tmp_path, world, local_world_size, k):
+    """At most k local ranks of a node are inside a turn at once, in local-rank order, and nodes run in parallel."""
+    scenario = {"local_world_size": local_world_size, "k": k, "stages": 2, "body": 0.3}
+    result = _run(tmp_path, world, scenario, timeout=40)
+    assert not result["hung"]
+    assert sorted(result["ranks"]) == list(range(world))
+    for rank, outcome in result["ranks"].items():
+        assert outcome.get("ok"), (rank, outcome)
+        assert [e[0] for e in outcome["events"]] == list(STAGES)
+    nodes = world // local_world_size
+    for stage_index in range(2):
+        for node in range(nodes):
+            members = range(node * local_world_size, (node + 1) * local_world_size)
+            intervals = [tuple(result["ranks"][r]["events"][stage_index][1:]) for r in members]
+            assert _max_overlap(intervals) == k, intervals
+            # local rank r starts once local rank r - k has ended
+            assert all(intervals[i + k][0] >= intervals[i][1] for i in range(len(intervals) - k)), intervals
+        if nodes > 1:
+            # the first turns of the two nodes overlap: nodes do not wait for each other
+            first_turns = [
+                tuple(result["ranks"][n * local_world_size]["events"][stage_index][1:]) for n in range(nodes)
+            ]
+            assert _max_overlap(first_turns) == nodes
+    # a stage starts only when every rank of the job has ended the previous one
+    last_end_stage1 = max(o["events"][0][2] for o in result["ranks"].values())
+    first_start_stage2 = min(o["events"][1][1] for o in result["ranks"].values())
+    assert first_start_stage2 >= last_end_stage1
+
+
+def _assert_every_rank_raised(result: dict[str, Any], world: int, failed: list[int]) -> None:
+    assert not result["hung"], result
+    assert sorted(result["ranks"]) == [r for r in range(world) if r not in result["silent"]], result
+    for rank, outcome in result["ranks"].items():
+        assert "unexpected" not in outcome, outcome["unexpected"]
+        assert outcome.get("failed_ranks") == failed, (rank, outcome)
+        assert CKPT in outcome["error"]
+        assert outcome["pickled"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("failing", [0, 1, 3])
+def test_an_exception_in_one_turn_is_raised_on_every_rank(tmp_path, failing):
+    """An exception in one rank's turn (first, middle or last) ends every rank at once with the same error type."""
+    result = _run(tmp_path, 4, {"actions": {str(failing): "raise"}, "body": 0.1}, timeout=40)
+    _assert_every_rank_raised(result, 4, [failing])
+    for rank, outcome in result["ranks"].items():
+        error = outcome["error"]
+        assert f"failed on rank(s) {failing} in stage 'restore modules and callbacks'" in error
+        assert f"ValueError: bad state in turn of rank {failing}" in error
+        assert f"Traceback on rank {failing}" in error and "_misbehave" in error
+        assert outcome["cause"].startswith("ValueError") if rank == failing else outcome["cause"] == "None"
+        assert outcome["ended"] - result["fault"]["at"] < 3.0
+    # the ranks after the failing one never started their turn
+    assert all(not result["ranks"][r]["events"] for r in range(failing + 1, 4))
+
+
+@pytest.mark.timeout(60)
+def test_exceptions_in_concurrent_turns_are_all_reported(tmp_path):
+    """Two ranks failing in the same round of turns are both named, on every rank."""
+    # both raise 0.5 s into their turns, which start together
+    scenario = {"k": 2, "actions": {"0": "raise:0.5", "1": "raise:0.5"}}
+    result = _run(tmp_path, 3, scenario, timeout=40)
+    _assert_every_rank_raised(result, 3, [0, 1])
+    for outcome in result["ranks"].values():
+        assert "bad state in turn of rank 0" in outcome["error"] and "bad state in turn of rank 1" in outcome["error"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("killed", [1, 2])
+def test_a_killed_rank_is_reported_at_once_by_its_node(tmp_path, killed):
+    """A rank SIGKILLed in its turn is seen gone by the ranks on its machine long before the heartbeat timeout."""
+    scenario = {"actions": {str(killed): "kill"}, "silent": [killed], "heartbeat_timeout": 60.0}
+    result = _run(tmp_path, 3, scenario, timeout=40)
+    _assert_every_rank_raised(result, 3, [killed])
+    assert result["exitcodes"][killed] == -signal.SIGKILL
+    for outcome in result["ranks"].values():
+        error = outcome["error"]
+        assert outcome["kinds"] == ["died"]
+        assert "exited while inside its turn" in error and "killed" in error
+        assert HEARTBEAT_TIMEOUT_ENV in error
+        assert outcome["ended"] - result["fault"]["at"] < 3.0
+
+
+@pytest.mark.timeout(60)
+def test_a_silent_rank_is_reported_after_the_heartbeat_timeout(tmp_path):
+    """A rank alive but frozen (SIGSTOP, like an unreachable machine) is reported once its heartbeat is silent."""
+    scenario = {"actions": {"1": "stop"}, "silent": [1], "heartbeat_timeout": 2.0}
+    result = _run(tmp_path, 3, scenario, timeout=40)
+    _assert_every_rank_raised(result, 3, [1])
+    for outcome in result["ranks"].values():
+        assert outcome["kinds"] == ["unresponsive"]
+        assert "stopped responding while inside its turn" in outcome["error"]
+        assert f"Set {HEARTBEAT_TIMEOUT_ENV} (seconds, now 2)" in outcome["error"]
+        # heartbeat timeout + one liveness interval + one heartbeat interval, plus scheduling slack
+        assert 2.0 <= outcome["ended"] - result["fault"]["at"] < 6.0
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_turn_times_out_and_names_the_setting(tmp_path):
+    """A live turn longer than the turn timeout ends every rank with an error naming the slow rank and the setting."""
+    scenario = {"actions": {"0": "sleep:6"}, "turn_timeout": 1.5}
+    result = _run(tmp_path, 3, scenario, timeout=40)
+    _assert_every_rank_raised(result, 3, [0])
+    fault = result["fault"]["at"]
+    for rank, outcome in result["ranks"].items():
+        error = outcome["error"]
+        assert outcome["kinds"] == ["timeout"]
+        assert "still inside its turn" in error and f"{TURN_TIMEOUT_ENV} (seconds, now 1.5)" in error
+        assert "slow" in error and "_misbehave" in error
+        # the waiting ranks give up after the timeout; the slow rank itself when its turn ends
+        assert outcome["ended"] - fault < (8.0 if rank == 0 else 4.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_collective_in_a_turn_ends_in_the_timeout_error(tmp_path):
+    """A collective inside a turn cannot complete: the timeout error says so and names it, and nothing hangs."""
+    scenario = {"gloo": True, "actions": {"0": "broadcast", "1": "broadcast", "2": "broadcast"}, "turn_timeout": 2.0}
+    result = _run(tmp_path, 3, scenario, timeout=40)
+    assert not result["hung"]
+    for outcome in result["ranks"].values():
+        error = outcome.get("error", "")
+        assert 0 in outcome["failed_ranks"], outcome
+        assert "blocked in the collective `torch.distributed.broadcast`" in error, error
+        assert "`_misbehave`" in error and "must not run collectives" in error and TURN_TIMEOUT_ENV in error
+        assert outcome["ended"] - result["fault"]["at"] < 6.0
+    # the stuck rank is freed once the others have left, and reports the collective's own error as well
+    assert "exception" in result["ranks"][0]["kinds"]
+
+
+@pytest.mark.timeout(60)
+def test_losing_the_store_host_is_reported(tmp_path):
+    """When rank 0, which hosts the store, is killed in its turn, the other ranks raise at once naming rank 0."""
+    result = _run(tmp_path, 3, {"actions": {"0": "kill"}, "silent": [0]}, timeout=40)
+    _assert_every_rank_raised(result, 3, [0])
+    for outcome in result["ranks"].values():
+        assert outcome["kinds"] == ["store lost"]
+        assert "lost contact with the process group's store, which is hosted by global rank 0" in outcome["error"]
+        assert outcome["ended"] - result["fault"]["at"] < 3.0
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_never_arrives_times_out(tmp_path):
+    """A rank that never reaches the restore is named once the others have waited for the turn timeout."""
+    result = _run(tmp_path, 2, {"actions": {"1": "absent"}, "silent": [1], "turn_timeout": 1.5}, timeout=40)
+    assert not result["hung"] and sorted(result["ranks"]) == [0]
+    outcome = result["ranks"][0]
+    assert outcome["failed_ranks"] == [1] and outcome["kinds"] == ["timeout"]
+    assert "has not reached the restore" in outcome["error"] and TURN_TIMEOUT_ENV in outcome["error"]
+    assert outcome["elapsed"] < 5.0
+
+
+def test_a_single_process_raises_the_same_error_type():
+    """Without a store (one process) an exception in the turn is a CheckpointRestoreError chained to the original."""
+    schedule = TurnSchedule(
+        store=None,
+        placement=RankPlacement(0, 1, 0, 0, 1),
+        max_concurrent=1,
+        checkpoint_path=CKPT,
+        turn_timeout=1.0,
+        heartbeat_timeout=1.0,
+    )
+    with pytest.raises(CheckpointRestoreError) as info:
+        with schedule.turn(STAGES[0]):
+            raise KeyError("state_dict")
+    assert isinstance(info.value.__cause__, KeyError)
+    assert info.value.failed_ranks == [0] and info.value.stage == STAGES[0]
+    assert f"Serialized restore of checkpoint {CKPT!r} failed on rank(s) 0 in stage {STAGES[0]!r}" in str(info.value)
+    assert "KeyError: 'state_dict'" in str(info.value)
+
+
+def test_error_merges_duplicate_reports_and_survives_pickling():
+    """Several ranks reporting the same dead rank give one entry; the error pickles with its failures."""
+    died = [RankFailure(2, 0, 2, STAGES[0], "died", "its process exited", reported_by=r) for r in (1, 0, 3)]
+    own = RankFailure(1, 0, 1, STAGES[0], "exception", "OSError: disk", traceback="Traceback ...")
+    err = CheckpointRestoreError(CKPT, [*died, own], observed_on=0)
+    assert err.failed_ranks == [1, 2]
+    assert [f.reported_by for f in err.failures] == [None, 0]
+    assert ", reported by rank 0: its process exited" in str(err)
+    clone = pickle.loads(pickle.dumps(err))
+    assert str(clone) == str(err) and clone.failures == err.failures
+    assert RankFailure.from_json(own.to_json()) == own
