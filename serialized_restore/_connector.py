@@ -244,10 +244,21 @@ class _SerializedCheckpointConnectorMixin:
             else ("mmap" if mmap_unsupported_reason(strategy, source) is None else "eager")
         )
         size = os.path.getsize(local) if (local := local_path(source)) and os.path.isfile(local) else 0
-        plan = plan_auto(size, reader, _local_world_size(strategy)) if self.trainer.local_rank == 0 else None
-        decision = self._agree_per_node(f"{plan.max_concurrent} {plan.describe()}" if plan is not None else "")
+        plan, failure = None, None
+        if self.trainer.local_rank == 0:
+            try:
+                plan = plan_auto(size, reader, _local_world_size(strategy))
+            except Exception as err:  # the node's other ranks wait for the decision: tell them, then raise
+                failure = err
+        proposal = f"{plan.max_concurrent} {plan.describe()}" if plan is not None else f"-1 {failure!r}"
+        decision = self._agree_per_node(proposal if self.trainer.local_rank == 0 else "")
         k_text, figures = decision.split(" ", 1)
         k = int(k_text)
+        if k < 0:
+            raise RuntimeError(
+                f'`Trainer(serialized_checkpoint_loading="auto")` could not plan the restore on node'
+                f" {self.trainer.node_rank}: local rank 0 failed with {figures}"
+            ) from failure
         if plan is not None:
             self._log.info(f'serialized restore: "auto" chose k={k} for node {self.trainer.node_rank}: {figures}')
         if k < 1:

@@ -47,6 +47,8 @@ class SerializedLoading:
     @classmethod
     def parse(cls, value: object) -> SerializedLoading:
         """Validate the user's value and the environment settings; raise ``ValueError`` quoting what is wrong."""
+        if value == AUTO:
+            available_memory_override()  # a malformed setting fails here, on every rank, not in the middle of a restore
         return cls(
             value=value,
             max_concurrent=_max_concurrent(value),

@@ -54,7 +54,7 @@ class NodeLocalCopy:
         self.directory = directory or fetch_directory()
         port = os.environ.get("MASTER_PORT")
         job = f"{os.environ.get('MASTER_ADDR', '')}:{port}" if port else f"pid {os.getpid()}"
-        digest = hashlib.sha1(f"{self.url}|{job}|{node_rank}".encode()).hexdigest()[:16]
+        digest = hashlib.sha1(f"{self.url}|{job}|{node_rank}".encode(), usedforsecurity=False).hexdigest()[:16]
         self.path = os.path.join(self.directory, f"serialized-restore-{digest}.ckpt")
 
     def fetch(self) -> int:

@@ -7,7 +7,7 @@ import pytest
 
 from serialized_restore import Trainer
 from serialized_restore._memory import SAFETY_MARGIN, plan_auto
-from serialized_restore._options import SerializedLoading, available_memory_override
+from serialized_restore._options import SerializedLoading
 from serialized_restore.lightning import Trainer as UnifiedTrainer
 
 
@@ -49,10 +49,8 @@ def test_bad_environment_settings_raise(monkeypatch: pytest.MonkeyPatch, name: s
     """A malformed setting in the environment is refused at construction with the variable and its value."""
     monkeypatch.setenv(name, raw)
     with pytest.raises(ValueError, match=fragment) as info:
-        if name == "SERIALIZED_RESTORE_AVAILABLE_MEMORY":
-            available_memory_override()
-        else:
-            Trainer(serialized_checkpoint_loading=True, logger=False)
+        value = "auto" if name == "SERIALIZED_RESTORE_AVAILABLE_MEMORY" else True
+        Trainer(serialized_checkpoint_loading=value, logger=False)
     assert name in str(info.value) and repr(raw.lower() if name.endswith("READER") else raw) in str(info.value)
 
 

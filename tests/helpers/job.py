@@ -3,10 +3,15 @@
 Usage: ``python tests/helpers/job.py '<json config>'``. Lightning's ``ddp`` launcher re-runs this same command line
 for every other local rank. Every rank writes what it ends with to ``<out>/rank<global_rank>.pt`` (or, when the run
 raises, ``<out>/rank<global_rank>.error.json``), so that a test can assert on every rank.
+
+With ``SERIALIZED_RESTORE_TRAINER=patched-upstream`` (``.ci/upstream_check.sh``), ``"trainer": "ours"`` is
+``lightning.pytorch.Trainer`` of a Lightning tree patched with ``upstream/serialized-checkpoint-loading.patch``, and
+``serialized_restore`` cannot be imported.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -18,6 +23,12 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+TRAINER_ENV = "SERIALIZED_RESTORE_TRAINER"
+PATCHED_UPSTREAM = os.environ.get(TRAINER_ENV, "") == "patched-upstream"
+if PATCHED_UPSTREAM:
+    # what runs must be the patched upstream Trainer, never the add-on next to these tests
+    sys.modules["serialized_restore"] = None  # type: ignore[assignment]
 
 from tests.helpers.models import (  # noqa: E402
     dataloader,
@@ -35,7 +46,9 @@ def build_trainer(config: dict[str, Any]) -> Any:
         trainer_cls = lightning_module(flavour).Trainer
         extra: dict[str, Any] = {}
     else:
-        if flavour == "lightning":
+        if PATCHED_UPSTREAM:
+            trainer_cls = patched_upstream_trainer(flavour)
+        elif flavour == "lightning":
             from serialized_restore.lightning import Trainer as trainer_cls
         else:
             from serialized_restore import Trainer as trainer_cls
@@ -73,7 +86,23 @@ def build_trainer(config: dict[str, Any]) -> Any:
     return trainer, callback
 
 
+def patched_upstream_trainer(flavour: str) -> Any:
+    """``lightning.pytorch.Trainer``, checked to be a patched one."""
+    if flavour != "lightning":
+        raise ValueError(f"{TRAINER_ENV}=patched-upstream runs the `lightning` flavour only, not {flavour!r}")
+    from lightning.pytorch import Trainer
+
+    if "serialized_checkpoint_loading" not in inspect.signature(Trainer.__init__).parameters:
+        raise RuntimeError(
+            f"{TRAINER_ENV}=patched-upstream, but lightning.pytorch.Trainer ({inspect.getfile(Trainer)}) has no"
+            " `serialized_checkpoint_loading`: install a Lightning tree patched with upstream/*.patch."
+        )
+    return Trainer
+
+
 def main(config: dict[str, Any]) -> None:
+    if PATCHED_UPSTREAM and config["trainer"] == "ours":
+        config = {**config, "flavour": "lightning"}
     torch.manual_seed(0)
     flavour = config.get("flavour", "pytorch_lightning")
     trainer, callback = build_trainer(config)

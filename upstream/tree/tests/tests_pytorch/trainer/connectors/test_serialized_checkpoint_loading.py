@@ -1,0 +1,218 @@
+# Copyright The Lightning AI team.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+import re
+import sys
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.trainer.connectors.serialized_restore import CheckpointRestoreError
+
+
+class _AdamModel(BoringModel):
+    """Adam (which has optimizer state) and fixed data, so that runs can be compared exactly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen_by_hook: list[str] = []
+        self.state_dict_tensors_seen = 0
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.Adam(self.parameters(), lr=0.01)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)]
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(torch.randn(32, 32, generator=torch.Generator().manual_seed(0)), batch_size=8)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.train_dataloader()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.seen_by_hook = sorted(checkpoint)
+        self.state_dict_tensors_seen = len(checkpoint["state_dict"])
+
+
+class _RecordingPrecision(Precision):
+    """Records the cached checkpoint as the second restore stage sees it."""
+
+    keys: list[str] = []
+    state_dict_tensors = -1
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.keys = sorted(checkpoint)
+        self.state_dict_tensors = len(checkpoint["state_dict"])
+
+
+def _trainer(tmp_path, **kwargs: Any) -> Trainer:
+    defaults = {
+        "default_root_dir": tmp_path,
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_epochs": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+        "limit_val_batches": 0,
+    }
+    return Trainer(**{**defaults, **kwargs})
+
+
+def _first_epoch_checkpoint(tmp_path) -> str:
+    torch.manual_seed(0)
+    trainer = _trainer(tmp_path)
+    trainer.fit(_AdamModel())
+    path = str(tmp_path / "epoch1.ckpt")
+    trainer.save_checkpoint(path)
+    return path
+
+
+def _assert_equal(a: Any, b: Any) -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _assert_equal(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_equal(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("value", [False, True, 1, 3, "auto"])
+def test_serialized_checkpoint_loading_accepted_values(value):
+    """The Trainer accepts `False`, `True`, a positive int and "auto", and reports the value back."""
+    trainer = Trainer(serialized_checkpoint_loading=value, logger=False)
+    assert trainer.serialized_checkpoint_loading == value
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, "yes", None])
+def test_serialized_checkpoint_loading_rejected_values(value):
+    """Any other value raises a `ValueError` at construction that quotes it."""
+    with pytest.raises(ValueError, match=re.escape(f"serialized_checkpoint_loading={value!r}")):
+        Trainer(serialized_checkpoint_loading=value, logger=False)
+
+
+@pytest.mark.parametrize("serialized", [True, 2])
+def test_serialized_resume_equals_uninterrupted_training(tmp_path, serialized):
+    """Resuming with the option on ends with exactly the weights and optimizer state of an uninterrupted run."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    torch.manual_seed(0)
+    uninterrupted_model = _AdamModel()
+    uninterrupted = _trainer(tmp_path, max_epochs=2)
+    uninterrupted.fit(uninterrupted_model)
+
+    model = _AdamModel()
+    precision = _RecordingPrecision()
+    trainer = _trainer(tmp_path, max_epochs=2, plugins=[precision], serialized_checkpoint_loading=serialized)
+    trainer.fit(model, ckpt_path=ckpt_path)
+
+    _assert_equal(model.state_dict(), uninterrupted_model.state_dict())
+    _assert_equal(trainer.optimizers[0].state_dict(), uninterrupted.optimizers[0].state_dict())
+    assert trainer.global_step == uninterrupted.global_step
+    # hooks see the complete checkpoint; the second stage no longer holds the weights
+    assert "optimizer_states" in model.seen_by_hook
+    assert model.state_dict_tensors_seen > 0
+    assert "optimizer_states" in precision.keys
+    assert precision.state_dict_tensors == 0
+
+
+def test_serialized_checkpoint_loading_off_restores_as_before(tmp_path):
+    """With the default (`False`) the second stage sees the whole checkpoint, as it always did."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    precision = _RecordingPrecision()
+    trainer = _trainer(tmp_path, max_epochs=2, plugins=[precision])
+    assert trainer.serialized_checkpoint_loading is False
+    trainer.fit(_AdamModel(), ckpt_path=ckpt_path)
+    assert precision.state_dict_tensors > 0
+
+
+@pytest.mark.parametrize("entry", ["validate", "test", "predict"])
+def test_serialized_evaluation_keeps_no_optimizer_state(tmp_path, entry):
+    """validate/test/predict load the weights and drop optimizer and scheduler states after the first stage."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    model = _AdamModel()
+    precision = _RecordingPrecision()
+    limits = {"limit_val_batches": 2, "limit_test_batches": 2, "limit_predict_batches": 2}
+    trainer = _trainer(tmp_path, plugins=[precision], serialized_checkpoint_loading=True, **limits)
+    getattr(trainer, entry)(model, ckpt_path=ckpt_path)
+
+    _assert_equal(model.state_dict(), torch.load(ckpt_path, weights_only=True)["state_dict"])
+    assert "optimizer_states" in model.seen_by_hook
+    assert "optimizer_states" not in precision.keys
+    assert "lr_schedulers" not in precision.keys
+
+
+def test_serialized_checkpoint_loading_unsupported_strategy_warns(tmp_path):
+    """A strategy that overrides how it loads a checkpoint gets a warning and the usual restore."""
+
+    class _OwnLoading(SingleDeviceStrategy):
+        def load_checkpoint(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return super().load_checkpoint(*args, **kwargs)
+
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    precision = _RecordingPrecision()
+    trainer = _trainer(
+        tmp_path, strategy=_OwnLoading(torch.device("cpu")), plugins=[precision], serialized_checkpoint_loading=True
+    )
+    with pytest.warns(UserWarning, match="has no effect with _OwnLoading: it overrides load_checkpoint"):
+        trainer.validate(_AdamModel(), ckpt_path=ckpt_path)
+    assert precision.state_dict_tensors > 0
+
+
+def test_serialized_checkpoint_loading_auto_refuses_when_no_turn_fits(tmp_path, monkeypatch):
+    """With "auto", every rank raises a `MemoryError` before reading when not even one rank can restore."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    monkeypatch.setenv("SERIALIZED_RESTORE_READER", "eager")
+    monkeypatch.setenv("SERIALIZED_RESTORE_AVAILABLE_MEMORY", "1")
+    trainer = _trainer(tmp_path, serialized_checkpoint_loading="auto")
+    with pytest.raises(MemoryError, match="not even one rank of node 0"):
+        trainer.validate(_AdamModel(), ckpt_path=ckpt_path)
+
+
+def test_serialized_checkpoint_loading_failure_names_the_checkpoint(tmp_path):
+    """A checkpoint that cannot be read raises `CheckpointRestoreError`, naming the file and what is wrong with it."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    with open(ckpt_path, "r+b") as f:
+        f.truncate(100)
+    trainer = _trainer(tmp_path, serialized_checkpoint_loading=True)
+    with pytest.raises(CheckpointRestoreError, match="truncated or damaged") as info:
+        trainer.validate(_AdamModel(), ckpt_path=ckpt_path)
+    assert info.value.checkpoint_path == ckpt_path
+    assert info.value.failed_ranks == [0]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="gloo process groups on CPU")
+def test_serialized_resume_ddp_spawn_equals_default_restore(tmp_path):
+    """With two processes taking turns, the resumed run ends exactly where the default restore ends."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    results = []
+    for serialized in (False, True):
+        model = _AdamModel()
+        trainer = _trainer(
+            tmp_path, devices=2, strategy="ddp_spawn", max_epochs=2, serialized_checkpoint_loading=serialized
+        )
+        trainer.fit(model, ckpt_path=ckpt_path)
+        results.append((model.state_dict(), trainer.global_step))
+    _assert_equal(results[1], results[0])
