@@ -1,0 +1,264 @@
+"""The program every rank of a measured job runs: train and save a checkpoint, or restore one and stop.
+
+Usage: ``python benchmarks/_job.py '<json config>'`` (started by ``_measure.run_job``). Lightning's ``ddp`` launcher
+re-runs this command line for local ranks 1..N-1, so the job's process tree is this process and its children.
+
+A restore job marks its restore window in ``markers.jsonl`` of the run directory (one JSON line per rank and event,
+``time.time()`` stamps; local rank 0 first writes ``wake`` in ``prepare_data``, which switches the parent's sampler
+to full rate):
+
+* ``start``: end of ``LightningModule.setup``, after the process group exists and before Lightning's first restore
+  stage (``_restore_modules_and_callbacks``);
+* ``end``: ``on_train_start`` (fit) or ``on_validation_start`` (validate), after ``resume_end``.
+
+At ``end`` every rank also records how many bytes of optimizer state it holds (kept for training, so not restore
+overhead), then, after a barrier so that no rank is still inside the window, compares its weights (and, for fit,
+its optimizer state and step) exactly with the checkpoint and writes ``rank<global rank>.json``. After one more
+barrier every rank leaves with ``os._exit(0)``: nothing after the window is measured, and Lightning's teardown and
+interpreter shutdown would cost seconds per run. The restore path itself is untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pytorch_lightning as pl  # noqa: E402
+from pytorch_lightning.trainer.connectors.checkpoint_connector import _CheckpointConnector  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+# mode -> how the Trainer is built; the environment of a mode is set by the parent (see `_measure.MODES`)
+TRAINER_OF_MODE: dict[str, tuple[str, Any]] = {
+    "upstream": ("upstream", None),
+    "baseline": ("upstream", None),
+    "proposal-2021": ("proposal-2021", None),
+    "ours-off": ("ours", False),
+    "ours-true": ("ours", True),
+    "ours-2": ("ours", 2),
+    "ours-true-eager": ("ours", True),
+}
+
+
+class Proposal2021Connector(_CheckpointConnector):
+    """The 2021 proposal (Lightning issue #8043): local ranks read one at a time and drop only ``state_dict``.
+
+    (all ranks) for each local rank ``r`` in order: rank ``r`` runs upstream's first restore stage, then deletes
+    ``checkpoint['state_dict']``; every rank meets the others at a barrier after each turn. Everything else, the
+    optimizer state kept until ``resume_end`` included, is upstream's.
+    """
+
+    def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, weights_only: Optional[bool] = None) -> None:
+        if not checkpoint_path:
+            super()._restore_modules_and_callbacks(checkpoint_path, weights_only)
+            return
+        strategy = self.trainer.strategy
+        local_world_size = int(getattr(strategy, "num_processes", 1))
+        strategy.barrier("proposal-2021 before turns")
+        for turn in range(local_world_size):
+            if strategy.local_rank == turn:
+                super()._restore_modules_and_callbacks(checkpoint_path, weights_only)
+                self._loaded_checkpoint.pop("state_dict", None)
+            strategy.barrier(f"proposal-2021 turn {turn}")
+
+
+class BenchMLP(pl.LightningModule):
+    """``depth`` square linear layers of ``width`` features (``depth * (width**2 + width)`` parameters), Adam."""
+
+    def __init__(self, width: int, depth: int, run: Optional[dict[str, Any]] = None, zero_init: bool = False) -> None:
+        super().__init__()
+        # zero_init: every page of the weights is written (resident) as after a random init, at a tenth of the cost
+        device = "meta" if zero_init else None
+        self.net = torch.nn.Sequential(*[torch.nn.Linear(width, width, device=device) for _ in range(depth)])
+        if zero_init:
+            self.net.to_empty(device="cpu")
+            with torch.no_grad():
+                for parameter in self.net.parameters():
+                    parameter.zero_()
+        self.run = run or {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    # ------------------------------------------------------------ restore window
+
+    def prepare_data(self) -> None:
+        # (local rank 0, after the process group is up, right before `setup`) wakes the parent's sampler
+        self._mark("wake")
+
+    def setup(self, stage: str) -> None:
+        self._mark("start")
+
+    def on_train_start(self) -> None:
+        self._end_window()
+
+    def on_validation_start(self) -> None:
+        self._end_window()
+
+    def _mark(self, event: str, **extra: Any) -> None:
+        if not self.run:
+            return
+        line = json.dumps({"rank": self.global_rank, "event": event, "t": time.time(), "pid": os.getpid(), **extra})
+        with open(Path(self.run["out"]) / "markers.jsonl", "a") as f:
+            f.write(line + "\n")
+
+    def _end_window(self) -> None:
+        if not self.run:
+            return
+        ended = time.time()
+        optimizer_bytes = sum(
+            value.nbytes
+            for optimizer in self.trainer.optimizers
+            for state in optimizer.state.values()
+            for value in state.values()
+            if isinstance(value, torch.Tensor)
+        )
+        self._mark("end", optimizer_state_bytes=optimizer_bytes)
+        # nobody starts checking (which maps the file) before every rank has left the window
+        self.trainer.strategy.barrier("restore window end")
+        mismatches = self._compare_with_checkpoint() if self.run.get("ckpt_path") else []
+        result = {
+            "global_rank": self.global_rank,
+            "local_rank": self.local_rank,
+            "pid": os.getpid(),
+            "end": ended,
+            "optimizer_state_bytes": optimizer_bytes,
+            "checked": bool(self.run.get("ckpt_path")),
+            "exact": not mismatches,
+            "mismatches": mismatches[:20],
+            "global_step": self.trainer.global_step,
+        }
+        (Path(self.run["out"]) / f"rank{self.global_rank}.json").write_text(json.dumps(result))
+        self.trainer.strategy.barrier("restore reports written")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    def _compare_with_checkpoint(self) -> list[str]:
+        """Names of everything restored that differs from the checkpoint (bit for bit); empty when exact."""
+        reference = torch.load(self.run["ckpt_path"], mmap=True, weights_only=False, map_location="cpu")
+        mismatches = []
+        ours = self.state_dict()
+        theirs = reference["state_dict"]
+        if sorted(ours) != sorted(theirs):
+            mismatches.append(f"state_dict keys: {sorted(set(ours) ^ set(theirs))}")
+        mismatches += [f"state_dict[{k!r}]" for k in theirs if k in ours and not _equal(ours[k], theirs[k])]
+        if self.trainer.state.fn == "fit":
+            if self.trainer.global_step != reference["global_step"]:
+                mismatches.append(f"global_step {self.trainer.global_step} != {reference['global_step']}")
+            restored = [optimizer.state_dict() for optimizer in self.trainer.optimizers]
+            saved = reference["optimizer_states"]
+            if len(restored) != len(saved):
+                mismatches.append(f"{len(restored)} optimizers, checkpoint has {len(saved)}")
+            for i, (mine, ref) in enumerate(zip(restored, saved)):
+                if sorted(mine["state"]) != sorted(ref["state"]):
+                    mismatches.append(f"optimizer {i}: state of parameters {sorted(mine['state'])}")
+                for pid, state in ref["state"].items():
+                    for key, value in state.items():
+                        if not _equal(mine["state"].get(pid, {}).get(key), value):
+                            mismatches.append(f"optimizer {i} state[{pid}][{key!r}]")
+        return mismatches
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    return a == b
+
+
+def _data(width: int, n: int, batch_size: int) -> DataLoader:
+    g = torch.Generator().manual_seed(1234)
+    dataset = TensorDataset(torch.randn(n, width, generator=g), torch.randn(n, width, generator=g))
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False)
+
+
+def _trainer(config: dict[str, Any], **kwargs: Any) -> pl.Trainer:
+    kind, serialized = TRAINER_OF_MODE[config.get("mode", "upstream")]
+    common = {
+        "accelerator": "cpu",
+        "devices": config["devices"],
+        "strategy": config.get("strategy", "ddp"),
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+        "default_root_dir": config["out"],
+        **kwargs,
+    }
+    if kind == "ours":
+        from serialized_restore import Trainer
+
+        return Trainer(serialized_checkpoint_loading=serialized, **common)
+    trainer = pl.Trainer(**common)
+    if kind == "proposal-2021":
+        trainer._checkpoint_connector = Proposal2021Connector(trainer)
+    return trainer
+
+
+def train(config: dict[str, Any]) -> None:
+    """Train ``steps`` Adam steps and save the checkpoint with ``trainer.save_checkpoint``."""
+    torch.manual_seed(0)
+    model = BenchMLP(config["width"], config["depth"])
+    steps = config["steps"]
+    trainer = _trainer(config, max_steps=steps)
+    trainer.fit(model, train_dataloaders=_data(config["width"], 4 * steps * config["devices"], 4))
+    trainer.save_checkpoint(config["ckpt_path"])
+    if trainer.global_rank == 0:
+        meta = {
+            "params": sum(p.numel() for p in model.parameters()),
+            "width": config["width"],
+            "depth": config["depth"],
+            "global_step": trainer.global_step,
+            "size_bytes": os.path.getsize(config["ckpt_path"]),
+        }
+        Path(config["meta_path"]).write_text(json.dumps(meta, indent=1))
+
+
+def restore(config: dict[str, Any]) -> None:
+    """Restore through ``trainer.fit`` or ``trainer.validate`` (or, without a checkpoint, run the same baseline)."""
+    torch.manual_seed(0)
+    model = BenchMLP(config["width"], config["depth"], run=config, zero_init=True)
+    ckpt_path = config.get("ckpt_path")
+    data = _data(config["width"], 8 * config["devices"], 4)
+    if config["entry"] == "fit":
+        trainer = _trainer(config, max_steps=config["global_step"] + 1)
+        trainer.fit(model, train_dataloaders=data, ckpt_path=ckpt_path)
+    else:
+        trainer = _trainer(config, limit_val_batches=1)
+        trainer.validate(model, dataloaders=data, ckpt_path=ckpt_path, verbose=False)
+
+
+def main(config: dict[str, Any]) -> None:
+    try:
+        (train if config["action"] == "train" else restore)(config)
+    except BaseException:
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+        (Path(config["out"]) / f"rank{rank}.error.txt").write_text(traceback.format_exc())
+        raise
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

@@ -1,0 +1,720 @@
+"""Node memory and time of resuming a Lightning DDP job from a checkpoint: upstream vs ``serialized_restore``.
+
+For every number of local ranks N and every mode, a real DDP job (gloo on CPU, Lightning's own launcher) restores
+the same checkpoint through ``trainer.fit(ckpt_path=...)`` and ``trainer.validate(ckpt_path=...)`` while this
+process samples the memory of the job's whole process tree; a job without a checkpoint (``baseline``) gives what the
+same program holds anyway. See ``docs/benchmarks.md`` for the definitions and the committed results, and
+``benchmarks/_measure.py`` for how memory is sampled.
+
+    python benchmarks/restore_benchmark.py            # full run (~126M parameters, N = 1, 2, 4): docs/benchmarks.md
+    python benchmarks/restore_benchmark.py --quick    # smoke run (~2M parameters, N = 1, 2): bench_output/quick/
+
+Exits non-zero if any restore is not bit-for-bit exact or any job fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import _measure  # noqa: E402
+from benchmarks._measure import GIB, MODE_DESCRIPTIONS, JobFailed  # noqa: E402
+
+# ---------------------------------------------------------------- configuration
+
+PARAMS = 126_000_000  # an 8-layer MLP of this many parameters: checkpoint S ~ 12 bytes/parameter (weights + Adam)
+DEPTH = 8
+TRAIN_STEPS = 3  # Adam steps taken before the checkpoint is saved
+DEVICES = (1, 2, 4)
+ENTRIES = ("fit", "validate")
+MODES = ("upstream", "ours-off", "ours-true", "ours-2", "ours-true-eager", "proposal-2021")
+# modes measured only up to this N (to fit the full run in 15 minutes on 2 cores); the others run at every N
+MODE_MAX_DEVICES = {"ours-off": 2, "ours-true-eager": 2}
+REPEATS = 1
+JOB_TIMEOUT = 600.0
+
+QUICK_PARAMS = 8_000_000  # S ~ 92 MiB: big enough that the restores show above a few MiB of fixed costs
+QUICK_DEVICES = (1, 2)
+QUICK_MODES = ("upstream", "ours-true")
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+DEFAULT_OUTPUT = REPO / "bench_output"
+
+# the figures this benchmark is meant to show; checked and reported, never tuned for
+TARGET_OURS_MAX_OVERHEAD = 0.3  # x S, fit (net) and validate, every N
+TARGET_FLAT_SPREAD = 0.1  # x S: "flat in N" = largest minus smallest overhead across N
+PLOT_STYLE = {
+    "upstream": ("tab:red", "o", "-"),
+    "ours-off": ("tab:orange", "x", ":"),
+    "ours-true": ("tab:green", "s", "-"),
+    "ours-2": ("tab:olive", "^", "-"),
+    "ours-true-eager": ("tab:cyan", "v", "--"),
+    "proposal-2021": ("tab:purple", "D", "--"),
+    "baseline": ("0.45", ".", ":"),
+}
+
+
+# ---------------------------------------------------------------- running
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/restore_benchmark.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke run: {QUICK_PARAMS:,} parameters, N={','.join(map(str, QUICK_DEVICES))},"
+        f" modes {', '.join(QUICK_MODES)}; under 2 minutes on 2 idle cores",
+    )
+    parser.add_argument("--params", type=int, help=f"parameters (default {PARAMS:,}; with --quick {QUICK_PARAMS:,})")
+    parser.add_argument("--devices", type=_int_list, help="local ranks N to measure, comma-separated (default 1,2,4)")
+    parser.add_argument("--modes", type=_str_list, help=f"modes, comma-separated (default {','.join(MODES)})")
+    parser.add_argument("--entries", type=_str_list, help="entry points, comma-separated (default fit,validate)")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="measured jobs per cell; medians are reported")
+    parser.add_argument(
+        "--all-modes-everywhere",
+        action="store_true",
+        help="measure every mode at every N (by default "
+        + ", ".join(f"{k} only up to N={v}" for k, v in MODE_MAX_DEVICES.items())
+        + ")",
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        help="checkpoint cache, per-job data, results.json, report.md and plots"
+        " (default bench_output/full, or bench_output/quick with --quick)",
+    )
+    parser.add_argument(
+        "--docs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also write docs/benchmarks.md and docs/img/*.png (default: yes for the full run, no with --quick)",
+    )
+    parser.add_argument("--timeout", type=float, default=JOB_TIMEOUT, help="seconds before a job is killed")
+    parser.add_argument(
+        "--from-results",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="run no job: rebuild report.md and the plots (and, with --docs, the docs page) from the results.json"
+        " of an earlier run",
+    )
+    args = parser.parse_args(argv)
+    args.params = args.params or (QUICK_PARAMS if args.quick else PARAMS)
+    args.devices = args.devices or (QUICK_DEVICES if args.quick else DEVICES)
+    args.modes = args.modes or (QUICK_MODES if args.quick else MODES)
+    args.entries = args.entries or ENTRIES
+    unknown = [m for m in args.modes if m not in MODES] + [e for e in args.entries if e not in ENTRIES]
+    if unknown:
+        parser.error(f"unknown mode or entry point: {', '.join(unknown)}")
+    args.output_dir = args.output_dir or DEFAULT_OUTPUT / ("quick" if args.quick else "full")
+    args.docs_given = args.docs is not None
+    args.docs = (not args.quick) if args.docs is None else args.docs
+    args.warm_up_job = not args.quick
+    return args
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v.strip())
+
+
+def _str_list(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def plan(args: argparse.Namespace) -> list[tuple[int, str, str, int]]:
+    """Every measured job as (N, entry point, mode, repeat): per (N, entry) the baseline first, then each mode."""
+    jobs = []
+    for devices in args.devices:
+        for entry in args.entries:
+            for repeat in range(args.repeats):
+                modes = [m for m in args.modes if args.all_modes_everywhere or devices <= MODE_MAX_DEVICES.get(m, 99)]
+                # rotate the order between repeats, so that no mode always runs right after the baseline
+                shift = repeat % len(modes) if modes else 0
+                for mode in ["baseline", *modes[shift:], *modes[:shift]]:
+                    jobs.append((devices, entry, mode, repeat))
+    return jobs
+
+
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.monotonic()
+    out: Path = args.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"checkpoint: ~{args.params:,} parameters ...", flush=True)
+    checkpoint, created = _measure.create_checkpoint(out / "checkpoints", args.params, DEPTH, steps=TRAIN_STEPS)
+    print(
+        f"checkpoint: {_rel(checkpoint.path)}, {checkpoint.params:,} parameters, S = {checkpoint.size_gib:.3f} GiB"
+        f" ({'created' if created else 'cached'}, {time.monotonic() - started:.0f}s)",
+        flush=True,
+    )
+    # warm-up: the checkpoint into the page cache; then (full run) one unmeasured job, so that the first measured
+    # job finds Python's and torch's files in the page cache too
+    _measure.warm_page_cache(checkpoint.path)
+    if args.warm_up_job:
+        _measure.measure_restore(
+            mode="baseline", entry="fit", devices=1, checkpoint=checkpoint, run_dir=out / "runs" / "warm-up",
+            timeout=args.timeout,
+        )  # fmt: skip
+    runs: list[dict[str, Any]] = []
+    failures: list[str] = []
+    jobs = plan(args)
+    for i, (devices, entry, mode, repeat) in enumerate(jobs, 1):
+        run_dir = out / "runs" / f"n{devices}-{entry}-{mode}-r{repeat}"
+        t0 = time.monotonic()
+        try:
+            run = _measure.measure_restore(
+                mode=mode, entry=entry, devices=devices, checkpoint=checkpoint, run_dir=run_dir, timeout=args.timeout
+            )
+        except JobFailed as err:
+            failures.append(f"N={devices} {entry} {mode}: {err}")
+            print(f"[{i}/{len(jobs)}] N={devices} {entry:8s} {mode:16s} FAILED\n{err}", flush=True)
+            continue
+        record = {**run.as_dict(), "repeat": repeat, "run_dir": _rel(Path(run.run_dir))}
+        runs.append(record)
+        verdict = "n/a" if not run.checked else ("exact" if run.exact else "NOT EXACT: " + "; ".join(run.mismatches))
+        print(
+            f"[{i}/{len(jobs)}] N={devices} {entry:8s} {mode:16s} window {run.window:6.2f}s"
+            f"  anon peak {run.anon_peak / GIB:6.2f} GiB  pss peak {run.pss_peak / GIB:6.2f} GiB"
+            f"  optimizer state {run.optimizer_state_bytes / GIB:5.2f} GiB  {verdict}"
+            f"  (job {time.monotonic() - t0:.0f}s)",
+            flush=True,
+        )
+        (out / "results.partial.json").write_text(json.dumps(runs, indent=1))
+    results = {
+        "command": _command(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": _measure.machine_info(),
+        "checkpoint": {
+            "path": _rel(checkpoint.path),
+            "params": checkpoint.params,
+            "width": checkpoint.width,
+            "depth": checkpoint.depth,
+            "global_step": checkpoint.global_step,
+            "size_bytes": checkpoint.size_bytes,
+        },
+        "config": {
+            "devices": list(args.devices),
+            "entries": list(args.entries),
+            "modes": list(args.modes),
+            "repeats": args.repeats,
+            "mode_max_devices": {} if args.all_modes_everywhere else MODE_MAX_DEVICES,
+            "fast_interval_s": _measure.FAST_INTERVAL,
+            "smaps_duty": _measure.SMAPS_DUTY,
+            "quick": args.quick,
+        },
+        "package": _package_state(),
+        "runs": runs,
+        "failures": failures,
+        "wall_seconds": time.monotonic() - started,
+    }
+    results["cells"] = summarize(results)
+    return results
+
+
+def _package_state() -> str:
+    """The commit the measured ``serialized_restore`` comes from, and whether it had local changes."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changes = subprocess.run(
+            ["git", "status", "--porcelain", "--", "serialized_restore"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"commit {commit}" + (" with uncommitted changes in serialized_restore/" if changes else "")
+
+
+def _command() -> str:
+    return " ".join(["python", "benchmarks/restore_benchmark.py", *map(shlex.quote, sys.argv[1:])])
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return path.name
+
+
+# ---------------------------------------------------------------- figures
+
+
+def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One cell per (N, entry, mode): medians over repeats of the overheads (``_measure.overheads``) against the
+    baseline job of the same N, entry point and repeat, and of the restore time."""
+    by_key: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
+    baselines = {(r["devices"], r["entry"], r["repeat"]): r for r in results["runs"] if r["mode"] == "baseline"}
+    for run in results["runs"]:
+        by_key.setdefault((run["devices"], run["entry"], run["mode"]), []).append(run)
+
+    def median(values: list[float]) -> Optional[float]:
+        return statistics.median(values) if values else None
+
+    cells = []
+    for (devices, entry, mode), runs in sorted(by_key.items()):
+        measured = [
+            _measure.overheads(run, base)
+            for run in runs
+            if (base := baselines.get((devices, entry, run["repeat"]))) is not None
+        ]
+        fit = entry == "fit"
+        cells.append(
+            {
+                "devices": devices,
+                "entry": entry,
+                "mode": mode,
+                "repeats": len(runs),
+                "anon_peak": median([r["anon_peak"] for r in runs]),
+                "anon_end": median([r["anon_end"] for r in runs]),
+                "overhead": median([o["raw"] for o in measured]),
+                "overhead_minus_optimizer": median([o["minus_optimizer"] for o in measured]) if fit else None,
+                "overhead_net": median([o["net"] for o in measured]) if fit else None,
+                "overhead_smaps": median([o["smaps_anon"] for o in measured]),
+                "overhead_pss": median([o["pss"] for o in measured]),
+                "optimizer_state_bytes": median([r["optimizer_state_bytes"] for r in runs]),
+                "window": median([r["window"] for r in runs]),
+                "window_cpu_seconds": median([r["window_cpu_seconds"] for r in runs]),
+                "exact": all(r["exact"] for r in runs) if mode != "baseline" else None,
+                "other_cpu_share": median([r["other_cpu_seconds"] / r["job_seconds"] for r in runs]),
+            }
+        )
+    upstream = {(c["devices"], c["entry"]): c["window"] for c in cells if c["mode"] == "upstream"}
+    for cell in cells:
+        ref = upstream.get((cell["devices"], cell["entry"]))
+        cell["time_ratio"] = cell["window"] / ref if ref else None
+        cell["headline"] = cell["overhead_net"] if cell["entry"] == "fit" else cell["overhead"]
+    return cells
+
+
+def check_targets(results: dict[str, Any]) -> list[tuple[str, str, Optional[bool]]]:
+    """(target, measured, met) for each figure the benchmark is meant to show."""
+    cells = results["cells"]
+    size = results["checkpoint"]["size_bytes"]
+    find = {(c["devices"], c["entry"], c["mode"]): c for c in cells}
+    devices = sorted({c["devices"] for c in cells})
+    top = max(devices) if devices else 0
+
+    def series(entry: str, mode: str, key: str) -> list[tuple[int, float]]:
+        found = [(n, find.get((n, entry, mode))) for n in devices]
+        return [(n, c[key] / size) for n, c in found if c is not None and c[key] is not None]
+
+    def text(values: list[tuple[int, float]]) -> str:
+        return ", ".join(f"N={n}: {v:.2f}" for n, v in values) + " x S"
+
+    rows: list[tuple[str, str, Optional[bool]]] = []
+    for entry, label in (("validate", "validate"), ("fit", "fit (raw)")):
+        values = series(entry, "upstream", "overhead")
+        if values:
+            growing = all(b > a for (_, a), (_, b) in zip(values, values[1:]))
+            near = top == 4 and abs(values[-1][1] - 3.9) <= 0.4
+            rows.append((f"upstream {label}: ~3.9 x S at N=4, growing with N", text(values), growing and near))
+    for entry, label in (("fit", "fit (net)"), ("validate", "validate")):
+        values = series(entry, "ours-true", "headline")
+        if values:
+            worst = max(v for _, v in values)
+            spread = worst - min(v for _, v in values)
+            measured = f"{text(values)}; spread across N {spread:.2f} x S"
+            if entry == "fit":
+                literal = series(entry, "ours-true", "overhead_minus_optimizer")
+                measured += f" (raw minus optimizer state: {text(literal)})"
+            ok = worst <= TARGET_OURS_MAX_OVERHEAD and spread <= TARGET_FLAT_SPREAD
+            rows.append((f"ours-true {label}: <= {TARGET_OURS_MAX_OVERHEAD} x S, flat in N", measured, ok))
+    for entry in ("fit", "validate"):
+        cell = find.get((top, entry, "ours-true"))
+        if cell is not None and cell["time_ratio"] is not None:
+            rows.append(
+                (f"ours-true restore time <= upstream's at N={top}, {entry}",
+                 f"{cell['window']:.2f}s vs {cell['window'] / cell['time_ratio']:.2f}s"
+                 f" = {cell['time_ratio']:.2f} x upstream", cell["time_ratio"] <= 1.0)
+            )  # fmt: skip
+    return rows
+
+
+# ---------------------------------------------------------------- output
+
+
+def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """``restore_memory.png``, ``restore_time.png`` and ``restore_timeline.png`` in ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cells = results["cells"]
+    size = results["checkpoint"]["size_bytes"]
+    devices = sorted({c["devices"] for c in cells})
+    modes = [m for m in MODES if any(c["mode"] == m for c in cells)]
+    entries = [e for e in ENTRIES if any(c["entry"] == e for c in cells)]
+    title = (
+        f"{results['checkpoint']['params'] / 1e6:.0f}M-parameter MLP + Adam, S = {size / GIB:.2f} GiB;"
+        f" DDP over gloo on CPU, {results['machine']['cores']} cores"
+    )
+
+    def style(mode: str) -> dict[str, Any]:
+        color, marker, line = PLOT_STYLE.get(mode, ("0.45", ".", ":"))
+        return {"color": color, "marker": marker, "ls": line, "label": mode}
+
+    # overhead / S against N
+    panels = [
+        ("fit", "overhead_net", "fit (net): above baseline + optimizer state kept"),
+        ("fit", "overhead", "fit (raw): above baseline"),
+        ("validate", "overhead", "validate: above baseline"),
+    ]
+    panels = [p for p in panels if p[0] in entries]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels), 4.6), sharey=True, squeeze=False)
+    for ax, (entry, key, label) in zip(axes[0], panels):
+        ax.plot(devices, devices, color="0.7", lw=1, ls=":", label="N x S")
+        for mode in modes:
+            pts = [(c["devices"], c[key] / size) for c in cells if c["entry"] == entry and c["mode"] == mode]
+            if pts:
+                ax.plot(*zip(*pts), **style(mode))
+        ax.axhline(TARGET_OURS_MAX_OVERHEAD, color="tab:green", lw=0.8, ls="--", alpha=0.6)
+        ax.axhline(0, color="0.3", lw=0.6)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("local ranks N")
+        ax.set_xticks(devices)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("restore overhead / S\n(peak node anonymous memory in the restore window)")
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(title + f"\ndashed green: {TARGET_OURS_MAX_OVERHEAD} x S", fontsize=10)
+    fig.tight_layout()
+    memory_png = out_dir / "restore_memory.png"
+    fig.savefig(memory_png, dpi=110)
+    plt.close(fig)
+
+    # restore time against N
+    fig, axes = plt.subplots(1, len(entries), figsize=(5.4 * len(entries), 4.6), squeeze=False)
+    for ax, entry in zip(axes[0], entries):
+        for mode in ["baseline", *modes]:
+            pts = [(c["devices"], c["window"]) for c in cells if c["entry"] == entry and c["mode"] == mode]
+            if pts:
+                ax.plot(*zip(*pts), **style(mode))
+        hook = "on_train_start" if entry == "fit" else "on_validation_start"
+        ax.set_title(f"{entry}: restore window (end of setup to {hook})", fontsize=10)
+        ax.set_xlabel("local ranks N")
+        ax.set_ylabel("seconds")
+        ax.set_xticks(devices)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    time_png = out_dir / "restore_time.png"
+    fig.savefig(time_png, dpi=110)
+    plt.close(fig)
+
+    # node memory over time at the largest N
+    top = max(devices)
+    fig, axes = plt.subplots(1, len(entries), figsize=(6.5 * len(entries), 4.6), sharey=True, squeeze=False)
+    for ax, entry in zip(axes[0], entries):
+        for mode in ["baseline", *modes]:
+            key = (top, entry, mode, 0)
+            run = next((r for r in results["runs"] if (r["devices"], r["entry"], r["mode"], r["repeat"]) == key), None)
+            if run is None or not run["timeline"]:
+                continue
+            kwargs = style(mode)
+            kwargs.pop("marker")
+            t, anon = zip(*run["timeline"])
+            ax.plot(t, [a / GIB for a in anon], lw=1.2, **kwargs)
+            ax.axvline(run["window"], color=kwargs["color"], lw=0.8, ls=":")
+        ax.set_title(f"{entry}, N={top}: node anonymous memory (dotted: end of each window)", fontsize=10)
+        ax.set_xlabel("seconds since the start of the restore window")
+        ax.set_ylabel("GiB")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    timeline_png = out_dir / "restore_timeline.png"
+    fig.savefig(timeline_png, dpi=110)
+    plt.close(fig)
+    return [memory_png, time_png, timeline_png]
+
+
+def _gib(value: Optional[float], size: int, bold: bool = False) -> str:
+    if value is None:
+        return "–"
+    text = f"{value / GIB:.2f} ({value / size:.2f})"
+    return f"**{text}**" if bold else text
+
+
+def report(results: dict[str, Any], image_dir: str) -> str:
+    """The Markdown page: what was run, the definitions, the tables and plots, the targets."""
+    m = results["machine"]
+    ck = results["checkpoint"]
+    size = ck["size_bytes"]
+    cfg = results["config"]
+    cells = results["cells"]
+    runs = results["runs"]
+    devices = sorted({c["devices"] for c in cells})
+    modes = [mode for mode in MODES if any(c["mode"] == mode for c in cells)]
+    find = {(c["devices"], c["entry"], c["mode"]): c for c in cells}
+    other = statistics.mean(r["other_cpu_seconds"] / r["job_seconds"] for r in runs) if runs else 0.0
+    lines = [
+        "# Benchmark: node memory and time of a DDP restore",
+        "",
+        "Generated, with its plots, by `benchmarks/restore_benchmark.py`; rerun the command below to regenerate"
+        " all of it. Every number on this page comes from that one run.",
+        "",
+        f"- Command: `{results['command']}` ({results['date']}, {results['wall_seconds'] / 60:.1f} minutes in all)",
+        f"- Versions: torch {m['torch']}, pytorch-lightning {m['pytorch-lightning']}, lightning {m['lightning']},"
+        f" Python {m['python']}; `serialized_restore` at {results['package']}",
+        f"- Machine: {m['cores']} cores ({m['cpu']}), {m['ram_gib']:.1f} GiB RAM, Linux {m['kernel']}, no GPU",
+        f"- Checkpoint: an MLP of {ck['params']:,} parameters ({ck['depth']} linear layers of {ck['width']}"
+        f" features) trained {ck['global_step']} steps with Adam and saved with `trainer.save_checkpoint`:"
+        f" **S = {size / GIB:.3f} GiB** (weights, Adam's `exp_avg` and `exp_avg_sq`; {size:,} bytes)",
+        '- Jobs: DDP over gloo on CPU through Lightning\'s own launcher (`strategy="ddp", accelerator="cpu",'
+        f" devices=N`), `OMP_NUM_THREADS=1`, a fresh `MASTER_PORT` per job. {cfg['repeats']} measured job(s) per"
+        " cell (the median is shown); the checkpoint is read once beforehand so that every job finds it in the"
+        " page cache, and each (N, entry point) starts with its baseline job. Restore jobs build the model with"
+        " zeros instead of a random init (the same pages written, in a tenth of the time); the checkpoint"
+        " overwrites them.",
+        f"- Load: other processes on the machine used on average {other:.2f} of its {m['cores']} cores while the"
+        " jobs ran (the machine's busy CPU time minus the jobs' and the sampler's). Restore times are sensitive to"
+        " that; memory figures are not.",
+        "",
+        "## Modes",
+        "",
+        "| mode | what restores |",
+        "|---|---|",
+        *[f"| `{mode}` | {MODE_DESCRIPTIONS[mode]} |" for mode in ["baseline", *modes]],
+        "",
+    ]
+    lines += [
+        "How each mode holds the checkpoint (S_opt, Adam's state, is about two thirds of S):",
+        "",
+        "- `upstream`, `ours-off`: every rank reads the whole file into private memory before DDP's setup and"
+        " keeps it until `resume_end`: about N x S above the baseline, on top of DDP's setup transient. For fit,"
+        " Adam adopts the checkpoint's own `exp_avg` and `exp_avg_sq` tensors, so N x S_opt of it stays.",
+        "- `proposal-2021`: ranks read one after the other and drop the weights after their turn, but keep the"
+        " optimizer state until `resume_end`, also for validate: the peak comes in the last turn, S + (N-1) x"
+        " S_opt.",
+        "- `ours-true`, `ours-2` (memory-mapped): the file's pages sit in the page cache, shared by every rank and"
+        " not anonymous; each rank copies the weights from them into its model in its turn and drops everything"
+        " it no longer needs at the end of the turn. For fit, the optimizer state is copied into private memory"
+        " in turns after DDP's setup: the state every training job holds anyway.",
+        "- `ours-true-eager`: each rank reads the whole file into private memory in its turn (S at a time); for"
+        " fit it drops the optimizer state after the first stage and reads the file again in its second turn.",
+        "",
+    ]
+    trimmed = {k: v for k, v in cfg["mode_max_devices"].items() if k in modes and v < max(devices)}
+    if trimmed:
+        lines += [
+            "To keep the full run within 15 minutes on 2 cores, "
+            + ", ".join(f"`{k}` is measured only up to N={v}" for k, v in trimmed.items())
+            + " (`--all-modes-everywhere` measures every mode at every N).",
+            "",
+        ]
+    lines += [
+        "## Definitions",
+        "",
+        "- **Node memory**: what the kernel reports for the job's whole process tree (the launched rank 0 and all"
+        " its descendants, found with psutil and rescanned while the job runs), summed over the processes and"
+        " sampled from a separate parent process. *Anonymous* memory is private memory that only exiting (or swap)"
+        " gives back: what a restore allocates when it unpickles a checkpoint. *PSS* adds file-backed pages, each"
+        " shared page divided among the processes mapping it, so a memory-mapped checkpoint counts about once per"
+        " node. Anonymous memory is read from `RssAnon` in `/proc/<pid>/status` every"
+        f" {cfg['fast_interval_s'] * 1000:.0f} ms (the kernel's counter of resident anonymous pages); `Anonymous:`"
+        " and `Pss:` are read from `/proc/<pid>/smaps_rollup` in sweeps over the tree. The kernel builds"
+        " `smaps_rollup` by walking page tables (about 10 ms per GiB resident here), so a sweep over a tree of"
+        " several GiB takes 100 ms or more and would miss short peaks; the fast channel does not. The two are"
+        " checked against each other in every sweep (see *Sampling* below). The PSS curve is the fast channel's"
+        " anonymous memory plus the non-anonymous part of PSS (`Pss - Pss_Anon`: file-backed and shared pages,"
+        " which change slowly) from the sweep nearest in time; anonymous pages here are private to one process,"
+        " so they count fully in PSS.",
+        "- **Restore window**: from the earliest rank's end of `LightningModule.setup` (the process group exists,"
+        " Lightning's first restore stage has not started) to the latest rank's `on_train_start` (fit) or"
+        " `on_validation_start` (validate), which follow `resume_end`. Every rank writes these two time stamps to a"
+        " file. The window also contains DDP's `strategy.setup` (parameter broadcast, gradient buckets), which the"
+        " baseline does too.",
+        "- **Restore overhead, raw**: peak node anonymous memory inside the window, minus the peak inside the"
+        " window of the `baseline` job (same N, same entry point, same program, `ckpt_path=None`): how much higher"
+        " the restore drives the node's peak. It is not the bytes a restore allocates: the baseline's own peak is"
+        " a transient while `DistributedDataParallel` wraps the model (about the size of the weights per rank"
+        " here), and a restore that has freed its memory before then adds less to the peak than it allocated.",
+        "- **Fit: optimizer state kept.** At the end of its window every rank records the bytes of its optimizers'"
+        " state tensors (Adam's `exp_avg`, `exp_avg_sq`, `step`: about two thirds of S). Every training job holds"
+        " that state from its first step on, restored or not, so it is not restore overhead; upstream keeps the"
+        " checkpoint's own tensors as that state, so its raw peak contains them as well. Two ways to take it out"
+        " are reported:",
+        "  - *raw minus optimizer state*: the raw overhead minus the sum over ranks. This undercounts, and can go"
+        " below zero: the baseline's peak is a transient of DDP's setup, while a restore that frees as it goes"
+        " reaches its own peak later, when the optimizer state has been built and that transient is over, so the"
+        " two are subtracted from each other although they never coexist (see the timeline plot).",
+        "  - **net** (used for the fit targets): peak node anonymous memory inside the window minus the larger of"
+        " the baseline's peak and the baseline's memory at the end of its window plus the optimizer state kept,"
+        " i.e. the memory above what a job that did not restore holds at its peak or once it has built its"
+        " optimizer state. A real first training step also allocates gradients, so this reference is low and the"
+        " net figure, if anything, overstates the overhead.",
+        "- Validate keeps no optimizer state; its targets use the raw overhead.",
+        "- **Restore time**: the window's length, and its ratio to `upstream` at the same N and entry point.",
+        "- **Exactness**: after the window (and a barrier) every rank compares its weights, and for fit its"
+        " optimizer state and `global_step`, bit for bit (`torch.equal`) with the checkpoint loaded"
+        " memory-mapped; the benchmark exits non-zero if any rank of any job differs. Ranks then leave with"
+        " `os._exit`, since nothing after the window is measured.",
+        "",
+        "## Results",
+        "",
+        f"![restore overhead / S against N]({image_dir}/restore_memory.png)",
+        "",
+        f"![restore time against N]({image_dir}/restore_time.png)",
+        "",
+        f"![node memory over time at N={max(devices)}]({image_dir}/restore_timeline.png)",
+        "",
+        "Overheads in GiB, the multiple of S in parentheses; the headline figure is in bold (net for fit, raw for"
+        " validate). Baseline rows show the baseline's own memory. *exact*: every rank restored the checkpoint bit"
+        " for bit.",
+        "",
+    ]
+    for entry in cfg["entries"]:
+        fit = entry == "fit"
+        lines.append(f"### Memory, `trainer.{entry}(ckpt_path=...)`")
+        lines.append("")
+        header = ["mode", "N", "raw"]
+        header += ["optimizer state kept", "raw minus optimizer state", "net"] if fit else []
+        header += ["PSS above baseline", "exact"]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for mode in ["baseline", *modes]:
+            for n in devices:
+                c = find.get((n, entry, mode))
+                if c is None:
+                    continue
+                if mode == "baseline":
+                    own = f"its peak: {c['anon_peak'] / GIB:.2f} GiB"
+                    own += f", at its end: {c['anon_end'] / GIB:.2f} GiB" if fit else ""
+                    row = [f"`{mode}`", str(n), own, *(["–"] * (len(header) - 3))]
+                else:
+                    row = [f"`{mode}`", str(n), _gib(c["overhead"], size, bold=not fit)]
+                    if fit:
+                        row += [_gib(c["optimizer_state_bytes"], size), _gib(c["overhead_minus_optimizer"], size)]
+                        row += [_gib(c["overhead_net"], size, bold=True)]
+                    row += [_gib(c["overhead_pss"], size), "yes" if c["exact"] else "**NO**"]
+                lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    lines += [
+        "### Restore time",
+        "",
+        "The window's length in seconds, its ratio to `upstream`, the CPU time all ranks used inside it, and the"
+        " load other processes put on the machine while the job ran (cores).",
+        "",
+    ]
+    header = ["mode", "N"]
+    for entry in cfg["entries"]:
+        header += [f"{entry}: window (s)", "vs upstream", "CPU (s)", "other load"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for mode in ["baseline", *modes]:
+        for n in devices:
+            row = [f"`{mode}`", str(n)]
+            for entry in cfg["entries"]:
+                c = find.get((n, entry, mode))
+                if c is None:
+                    row += ["–"] * 4
+                    continue
+                ratio = f"**{c['time_ratio']:.2f}**" if c["time_ratio"] is not None and mode != "baseline" else "–"
+                row += [f"{c['window']:.2f}", ratio, f"{c['window_cpu_seconds']:.2f}", f"{c['other_cpu_share']:.2f}"]
+            if any(find.get((n, e, mode)) for e in cfg["entries"]):
+                lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    targets = [] if cfg["quick"] else check_targets(results)
+    if cfg["quick"]:
+        lines += [
+            "## Targets",
+            "",
+            "Not checked in a `--quick` run: the targets are stated for the full run (S about 1.4 GiB, N up to 4);"
+            " with a small model, fixed costs of a few MiB per rank (imports, threads, unpickling) are a large"
+            " multiple of S.",
+            "",
+        ]
+    else:
+        lines += [
+            "## Targets",
+            "",
+            "What this benchmark was written to show, against what it measured (nothing was tuned to meet them).",
+            "",
+            "| target | measured | met |",
+            "|---|---|---|",
+            *[f"| {t} | {v} | {'yes' if ok else '**no**'} |" for t, v, ok in targets],
+            "",
+        ]
+    missed = [t for t, _, ok in targets if not ok]
+    if missed:
+        lines += ["Missed: " + "; ".join(missed) + ". The measured figures are above.", ""]
+    lines += [
+        "## Sampling",
+        "",
+        "| N | entry point | sampler at full rate before the window, at least | longest gap between fast samples"
+        " in a window | fewest full sweeps in a window | longest sweep | largest disagreement of `Anonymous:` with"
+        " `RssAnon` in a sweep |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n in devices:
+        for entry in cfg["entries"]:
+            sel = [r for r in runs if r["devices"] == n and r["entry"] == entry]
+            if sel:
+                lines.append(
+                    f"| {n} | {entry} | {min(r['woke_before_window'] for r in sel) * 1000:.0f} ms"
+                    f" | {max(r['fast_max_gap'] for r in sel) * 1000:.0f} ms |"
+                    f" {min(r['sweeps'] for r in sel)} | {max(r['sweep_max_duration'] for r in sel) * 1000:.0f} ms |"
+                    f" {max(r['rss_anon_vs_anonymous'] for r in sel) / 2**20:.1f} MiB |"
+                )
+    lines += [
+        "",
+        "The disagreement is the largest difference between `Anonymous:` and `RssAnon` of one process, among the"
+        " processes whose `RssAnon` was the same just before and just after the page-table walk (memory that"
+        " moves during a walk cannot be compared). Few sweeps fall inside a window at N=4, which is why the PSS"
+        " curve takes its anonymous part from the fast channel. Gaps between fast samples are the sampler waiting"
+        " for a CPU: its threads run at a higher priority than the ranks where permitted.",
+        "",
+    ]
+    if results["failures"]:
+        lines += ["## Failed jobs", "", *[f"- {f.splitlines()[0]}" for f in results["failures"]], ""]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.from_results:
+        results = json.loads(args.from_results.read_text())
+        results["cells"] = summarize(results)
+        args.quick = results["config"]["quick"]
+        args.docs = args.docs if args.docs_given else not args.quick
+        out = args.output_dir if "--output-dir" in (argv or sys.argv) else args.from_results.parent
+    else:
+        results = run_all(args)
+        out = args.output_dir
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    images = plot(results, out)
+    (out / "report.md").write_text(report(results, "."))
+    written = [out / "results.json", out / "report.md", *images]
+    if args.docs:
+        docs_images = plot(results, DOCS / "img")
+        (DOCS / "benchmarks.md").write_text(report(results, "img"))
+        written += [DOCS / "benchmarks.md", *docs_images]
+    print("\nwrote " + ", ".join(_rel(p) for p in written))
+    for target, measured, ok in [] if args.quick else check_targets(results):
+        print(f"  target {'met   ' if ok else 'MISSED' if ok is False else '  –   '} {target}: {measured}")
+    print(f"total {results['wall_seconds'] / 60:.1f} minutes")
+    inexact = [r for r in results["runs"] if r["mode"] != "baseline" and not r["exact"]]
+    for run in inexact:
+        where = f"N={run['devices']} {run['entry']} {run['mode']}"
+        print(f"ERROR: restore not exact: {where}: {'; '.join(run['mismatches'])}", file=sys.stderr)
+    for failure in results["failures"]:
+        print(f"ERROR: job failed: {failure.splitlines()[0]}", file=sys.stderr)
+    return 1 if inexact or results["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The benchmark's quick mode and the demo run to completion and verify that every restore was exact.
+
+Speed and memory are not asserted here: they are measured by the benchmark itself (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.mark.timeout(600)
+def test_benchmark_quick_mode_completes_with_exact_restores(tmp_path: Path) -> None:
+    """`restore_benchmark.py --quick` exits 0 (it exits non-zero on any inexact restore) and writes its report."""
+    out = tmp_path / "quick"
+    result = _run(["benchmarks/restore_benchmark.py", "--quick", "--output-dir", str(out)], timeout=540)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    assert (out / "report.md").exists() and (out / "results.json").exists()
+    assert list(out.glob("*.png"))
+    assert "upstream" in (out / "report.md").read_text() and "ours-true" in (out / "report.md").read_text()
+    assert json.loads((out / "results.json").read_text())
