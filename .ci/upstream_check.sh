@@ -82,11 +82,11 @@ EOF
 )
 
 step "the patch's own tests ($PATCH_TESTS)"
-(cd "$TREE" && "$VPY" -m pytest -q -p no:cacheprovider --timeout=300 "$PATCH_TESTS")
+(cd "$TREE" && "$VPY" -m pytest -q --color=no -p no:cacheprovider --timeout=300 "$PATCH_TESTS")
 
 step "core restore tests against the patched lightning.pytorch.Trainer"
 mkdir -p "$WORK/pytest"
-SERIALIZED_RESTORE_TRAINER=patched-upstream "$VPY" -m pytest -q -p no:cacheprovider -n 2 --timeout=400 \
+SERIALIZED_RESTORE_TRAINER=patched-upstream "$VPY" -m pytest -q --color=no -p no:cacheprovider -n 2 --timeout=400 \
   --basetemp="$WORK/pytest/base" "${CORE_TESTS[@]}"
 
 step "passed"
