@@ -17,6 +17,9 @@ then ``resume_end`` drops the cached checkpoint dict. Upstream, every rank holds
   stage 2, unless a hook changed it (then it is kept, so the change is not lost).
 * stage 2, in the rank's turn: optimizer state is copied into private memory (or read again), handed to the
   optimizers, and the rest of the cached dict is dropped at the end of the turn.
+
+FSDP restores with collectives, which cannot run inside a turn: its ranks restore together, reading a full
+checkpoint memory-mapped and passing the optimizer state to FSDP on rank 0 only (``_fsdp.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from serialized_restore._flavour import flavour_of
+from serialized_restore._fsdp import FULL, SHARDED, checkpoint_kind, fsdp_strategy_class, load_full_checkpoint
 from serialized_restore._memory import plan_auto
 from serialized_restore._options import AVAILABLE_MEMORY_ENV, SerializedLoading
 from serialized_restore._readers import clone_tensors, local_path, mmap_unsupported_reason, read_checkpoint
@@ -40,6 +44,9 @@ from serialized_restore._turns import RankPlacement, TurnSchedule
 STAGE_FETCH = "fetch checkpoint"
 STAGE_MODULES = "restore modules and callbacks"
 STAGE_TRAINING_STATE = "restore training state"
+
+# how the option restores with the trainer's strategy (`_restore_plan`)
+_TURNS, _FSDP_FULL, _UPSTREAM = "turns", "fsdp-full", "upstream"
 
 # the methods through which a strategy restores; a subclass that overrides any of them may run collectives there
 _RESTORE_METHODS = ("load_checkpoint", "load_model_state_dict", "load_optimizer_state_dict")
@@ -57,6 +64,7 @@ class _SerializedCheckpointConnectorMixin:
         self._options = options
         self._schedule: Optional[TurnSchedule] = None
         self._reading_in_turn = False
+        self._reading_fsdp_full = False
         self._reader_used = ""
         self._bytes_read = 0
         self._weights_only: Optional[bool] = None
@@ -73,8 +81,12 @@ class _SerializedCheckpointConnectorMixin:
 
     def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, weights_only: Optional[bool] = None) -> None:
         """(all ranks) Stage 1 in turns: read, hooks, weights, datamodule, callbacks; then free the rest."""
-        if not checkpoint_path or not self._options.enabled or not self._strategy_supported():
-            self._schedule = None
+        self._schedule = None
+        plan = self._restore_plan(checkpoint_path) if checkpoint_path and self._options.enabled else _UPSTREAM
+        if plan == _FSDP_FULL:
+            self._restore_fsdp_full(checkpoint_path, weights_only)
+            return
+        if plan == _UPSTREAM:
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
             return
         self._weights_only = weights_only
@@ -117,8 +129,32 @@ class _SerializedCheckpointConnectorMixin:
         if copy is not None and self.trainer.local_rank == 0:
             copy.remove()
 
+    def _restore_fsdp_full(self, checkpoint_path: Any, weights_only: Optional[bool]) -> None:
+        """(all ranks together) Stage 1 for FSDP and a full checkpoint: see ``_fsdp.py``; no turns (collectives)."""
+        self._rank_zero_info(
+            "serialized restore: FSDP restores with collectives, so its ranks restore together instead of in turns;"
+            " the full checkpoint is memory-mapped and its optimizer state is broadcast from rank 0 by FSDP."
+        )
+        self.restore_incomplete = True
+        self._reading_fsdp_full = True
+        try:
+            super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
+            self._release_after_modules()
+        except BaseException:
+            self._abandon()
+            raise
+        finally:
+            self._reading_fsdp_full = False
+
     def resume_start(self, checkpoint_path: Any = None, weights_only: Optional[bool] = None) -> None:
         """Upstream's ``resume_start``, reading with the turn's reader when called inside a turn."""
+        if self._reading_fsdp_full:
+            self._ckpt_path = checkpoint_path
+            self._rank_zero_info(f"Restoring states from the checkpoint path at {checkpoint_path}")
+            self._reader_used = "mmap"
+            checkpoint = load_full_checkpoint(self.trainer.strategy, checkpoint_path, weights_only, self._fitting())
+            self._loaded_checkpoint = self._migrate(checkpoint, checkpoint_path)
+            return
         if not self._reading_in_turn:
             super().resume_start(checkpoint_path, weights_only)  # type: ignore[misc]
             return
@@ -196,13 +232,14 @@ class _SerializedCheckpointConnectorMixin:
     # ------------------------------------------------------------- helpers
 
     def _read(self, checkpoint_path: Any, weights_only: Optional[bool], reader: str) -> tuple[dict[str, Any], str, int]:
-        flavour = flavour_of(self)
-        legacy_patch = flavour.import_("utilities.migration", "pl_legacy_patch")
-        migrate = flavour.import_("utilities.migration.utils", "_pl_migrate_checkpoint")
         source = self._local_copy.path if self._local_copy is not None else checkpoint_path
-        with legacy_patch():
+        with flavour_of(self).import_("utilities.migration", "pl_legacy_patch")():
             loaded = read_checkpoint(self.trainer.strategy, source, weights_only, reader, self._log)
-        return migrate(loaded.checkpoint, checkpoint_path), loaded.reader, loaded.bytes_read
+        return self._migrate(loaded.checkpoint, checkpoint_path), loaded.reader, loaded.bytes_read
+
+    def _migrate(self, checkpoint: dict[str, Any], checkpoint_path: Any) -> dict[str, Any]:
+        migrate = flavour_of(self).import_("utilities.migration.utils", "_pl_migrate_checkpoint")
+        return migrate(checkpoint, checkpoint_path)
 
     def _fitting(self) -> bool:
         return self.trainer.state.fn == "fit"
@@ -210,15 +247,35 @@ class _SerializedCheckpointConnectorMixin:
     def _rank_zero_info(self, message: str) -> None:
         flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(message)
 
-    def _strategy_supported(self) -> bool:
-        """Whether the strategy restores without collectives, so that its restore may run in turns."""
+    def _restore_plan(self, checkpoint_path: Any) -> str:
+        """(all ranks) How the option restores with this strategy: in turns, FSDP's full-checkpoint path, or upstream.
+
+        In turns only where the strategy restores without collectives: single device and the DDP family. FSDP
+        restores with collectives, so its ranks restore together (``_fsdp.py``). A subclass that overrides a restore
+        method of its base may run collectives there, so it, and any other strategy, is restored as upstream with one
+        warning on rank zero.
+        """
         strategy = self.trainer.strategy
         flavour = flavour_of(self)
-        bases = (flavour.import_("strategies", "DDPStrategy"), flavour.import_("strategies", "SingleDeviceStrategy"))
+        fsdp = fsdp_strategy_class(strategy)
+        ddp, single = (flavour.import_("strategies", name) for name in ("DDPStrategy", "SingleDeviceStrategy"))
+        bases = (ddp, single, fsdp)
         base = next((b for b in bases if isinstance(strategy, b)), None)
         overridden = [m for m in _RESTORE_METHODS if getattr(type(strategy), m) is not getattr(base, m)] if base else []
-        if base is not None and not overridden and not strategy.restore_checkpoint_after_setup:
-            return True
+        if base is fsdp and not overridden:
+            # FSDP's own load_checkpoint broadcasts the path from rank 0 first: every rank decides on the same path
+            kind, why = checkpoint_kind(strategy, strategy.broadcast(checkpoint_path))
+            if kind == FULL:
+                return _FSDP_FULL
+            self._rank_zero_info(
+                "serialized restore: each FSDP rank reads only its own shards of a sharded checkpoint; no turns are"
+                " needed."
+                if kind == SHARDED
+                else f"serialized restore: FSDP's own restore is used as is: {why}."
+            )
+            return _UPSTREAM
+        if base is not None and base is not fsdp and not overridden and not strategy.restore_checkpoint_after_setup:
+            return _TURNS
         if type(strategy) not in self._warned_strategies:
             self._warned_strategies.add(type(strategy))
             why = (
@@ -230,7 +287,7 @@ class _SerializedCheckpointConnectorMixin:
                 f"`Trainer(serialized_checkpoint_loading={self._options.value!r})` has no effect with"
                 f" {type(strategy).__name__}: {why}. The checkpoint is restored as upstream Lightning does."
             )
-        return False
+        return _UPSTREAM
 
     def _max_concurrent(self, checkpoint_path: Any) -> int:
         """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it from free memory."""

@@ -50,20 +50,28 @@ def _rank_files(out: Path) -> dict[int, Path]:
     return {int(p.stem[4:]): p for p in out.glob("rank*.pt")}
 
 
+def shared_job(tmp_path_factory: pytest.TempPathFactory, name: str, config: dict[str, Any]) -> dict[int, Any]:
+    """Run a job that must succeed once per test session (whichever xdist worker asks first); every rank's result.
+
+    ``config["out"]`` is set to ``<shared dir>/<name>``; other paths in ``config`` may refer to the shared dir.
+    """
+    root = _shared_dir(tmp_path_factory)
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / name
+    with FileLock(str(root / f"lock-{name}")):
+        if not (out / "done").exists():
+            result = run_job({**config, "out": str(out)}, timeout=JOB_TIMEOUT)
+            assert result.returncode == 0, result.output[-4000:]
+            assert not result.errors, result.errors
+            (out / "done").write_text("")
+    return {r: torch.load(p, weights_only=False) for r, p in _rank_files(out).items()}
+
+
 @pytest.fixture(scope="session")
 def upstream_resume(tmp_path_factory: pytest.TempPathFactory, reference: dict[str, Any]) -> dict[int, Any]:
     """Upstream Lightning resuming the reference checkpoint to epoch 2 on 2 ranks."""
-    root = reference["root"]
-    out = root / "upstream-resume"
-    with FileLock(str(root / "lock-upstream-resume")):
-        if not (out / "done").exists():
-            result = run_job(
-                {"trainer": "upstream", "out": str(out), "max_epochs": 2, "ckpt_path": reference["ckpt"]},
-                timeout=JOB_TIMEOUT,
-            )
-            assert result.returncode == 0, result.output[-4000:]
-            (out / "done").write_text("")
-    return {r: torch.load(p, weights_only=False) for r, p in _rank_files(out).items()}
+    config = {"trainer": "upstream", "max_epochs": 2, "ckpt_path": reference["ckpt"]}
+    return shared_job(tmp_path_factory, "upstream-resume", config)
 
 
 def run_ok(config: dict[str, Any], timeout: float = JOB_TIMEOUT, env: Any = None) -> JobResult:

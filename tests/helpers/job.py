@@ -34,6 +34,7 @@ from tests.helpers.models import (  # noqa: E402
     dataloader,
     lightning_module,
     make_callback_class,
+    make_cpu_fsdp_class,
     make_model_class,
     make_precision_class,
     make_writer_class,
@@ -67,11 +68,19 @@ def build_trainer(config: dict[str, Any]) -> Any:
         if config.get("checkpointing")
         else []
     )
+    strategy: Any = config.get("strategy", "ddp")
+    precision = [make_precision_class(flavour)()]
+    if strategy == "fsdp_cpu":
+        # FSDP wraps each Linear layer; it brings its own precision plugin
+        strategy = make_cpu_fsdp_class(flavour)(
+            auto_wrap_policy={torch.nn.Linear}, state_dict_type=config.get("fsdp_state_dict_type", "full")
+        )
+        precision = []
     trainer = trainer_cls(
         accelerator="cpu",
         devices=config.get("devices", 2),
         num_nodes=config.get("num_nodes", 1),
-        strategy=config.get("strategy", "ddp"),
+        strategy=strategy,
         max_epochs=config.get("max_epochs", 1),
         logger=False,
         enable_checkpointing=bool(config.get("checkpointing")),
@@ -80,7 +89,7 @@ def build_trainer(config: dict[str, Any]) -> Any:
         num_sanity_val_steps=0,
         default_root_dir=config["out"],
         callbacks=[callback, writer, *checkpointing],
-        plugins=[make_precision_class(flavour)(), *checkpoint_io],
+        plugins=[*precision, *checkpoint_io],
         **extra,
     )
     return trainer, callback

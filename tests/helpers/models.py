@@ -198,12 +198,13 @@ def make_writer_class(flavour: str) -> type:
                 "callback_records": self.recorder.records,
                 "callback_batches_seen": self.recorder.batches_seen,
                 "turn_log": self.turn_log.lines if self.turn_log else [],
-                "stage2_view": trainer.precision_plugin.stage2_view,
+                "stage2_view": getattr(trainer.precision_plugin, "stage2_view", {}),
                 "ckpt_path": trainer.ckpt_path,
             }
             pl_module.load_records = []
             self.recorder.records = []
-            trainer.precision_plugin.stage2_view = {}
+            if hasattr(trainer.precision_plugin, "stage2_view"):
+                trainer.precision_plugin.stage2_view = {}
             if self.turn_log is not None:
                 self.turn_log.lines = []
             self.history.append(result)
@@ -212,11 +213,34 @@ def make_writer_class(flavour: str) -> type:
     return _published(ResultWriter, flavour)
 
 
+@functools.cache
+def make_cpu_fsdp_class(flavour: str) -> type:
+    pl = lightning_module(flavour)
+
+    class CPUFSDPStrategy(pl.strategies.FSDPStrategy):
+        """Lightning's ``FSDPStrategy`` on CPU: torch's FSDP runs there with gloo when given ``device_id=cpu``.
+
+        Only ``_setup_model`` differs (Lightning's passes the CUDA device index); the restore path is upstream's.
+        """
+
+        def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            if not any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+                model = FullyShardedDataParallel(
+                    module=model, device_id=torch.device("cpu"), sharding_strategy=self.sharding_strategy, **self.kwargs
+                )
+            return model
+
+    return _published(CPUFSDPStrategy, flavour)
+
+
 _FACTORIES = {
     "RecordingModel": make_model_class,
     "RecordingCallback": make_callback_class,
     "RecordingPrecision": make_precision_class,
     "ResultWriter": make_writer_class,
+    "CPUFSDPStrategy": make_cpu_fsdp_class,
 }
 
 
