@@ -127,6 +127,7 @@ class TurnSchedule:
         """
         record = TurnRecord(stage=stage)
         if self._job_store is None:
+            self.log.info(f"[rank {self.placement.global_rank}] serialized restore: turn for {stage!r} started")
             start = time.monotonic()
             try:
                 yield record

@@ -22,8 +22,11 @@ if os.environ.get("SERIALIZED_RESTORE_TRAINER", "") == "patched-upstream":
 
 
 def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # one directory for all xdist workers of this session, so reference jobs run once
-    return tmp_path_factory.getbasetemp().parent / "shared-reference-jobs"
+    """One directory per test session, shared by its xdist workers, so that reference jobs run once per session."""
+    session_dir = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        session_dir = session_dir.parent  # <session>/popen-gw<n>
+    return session_dir / "shared-reference-jobs"
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,15 @@ def assert_same(a: Any, b: Any, where: str) -> None:
 
 
 def assert_training_state_equal(got: dict[int, Any], expected: dict[int, Any]) -> None:
+    """``got``, a resumed run, ends every rank in exactly ``expected``'s training state.
+
+    ``expected`` may be the uninterrupted run, which a run that silently ignored the checkpoint would reproduce too,
+    so every rank of ``got`` must also have restored a checkpoint: its ``on_load_checkpoint`` ran.
+    """
     assert sorted(got) == sorted(expected), "not every rank reported"
+    for rank in got:
+        assert got[rank]["ckpt_path"], f"rank {rank} did not resume from a checkpoint"
+        assert got[rank]["module_records"], f"rank {rank}: on_load_checkpoint never ran"
     for rank in expected:
         for key in ("params", "optimizers", "schedulers", "global_step", "fit_loop", "callback_batches_seen"):
             assert_same(got[rank][key], expected[rank][key], f"rank {rank}: {key}")
