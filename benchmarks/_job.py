@@ -12,16 +12,21 @@ to full rate):
 * ``end``: ``on_train_start`` (fit) or ``on_validation_start`` (validate), after ``resume_end``.
 
 At ``end`` every rank also records how many bytes of optimizer state it holds (kept for training, so not restore
-overhead), then, after a barrier so that no rank is still inside the window, compares its weights (and, for fit,
-its optimizer state and step) exactly with the checkpoint and writes ``rank<global rank>.json``. After one more
-barrier every rank leaves with ``os._exit(0)``: nothing after the window is measured, and Lightning's teardown and
-interpreter shutdown would cost seconds per run. The restore path itself is untouched.
+overhead) and how many of them still lie in a memory-mapped file (``mmap-plugin``: ``Optimizer.load_state_dict``
+keeps the loaded tensors when dtype and device match, so the state stays in the checkpoint's copy-on-write mapping
+until the first step writes it). Then, after a barrier so that no rank is still inside the window, it compares its
+weights (and, for fit, its optimizer state and step) exactly with the checkpoint and writes ``rank<global rank>.json``,
+with the ``k`` that ``serialized_checkpoint_loading="auto"`` chose if the package logged one (local rank 0 does). After
+one more barrier every rank leaves with ``os._exit(0)``: nothing after the window is measured, and Lightning's teardown
+and interpreter shutdown would cost seconds per run. The restore path itself is untouched.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import sys
 import time
 import traceback
@@ -47,8 +52,31 @@ TRAINER_OF_MODE: dict[str, tuple[str, Any]] = {
     "ours-off": ("ours", False),
     "ours-true": ("ours", True),
     "ours-2": ("ours", 2),
+    "ours-auto": ("ours", "auto"),
     "ours-true-eager": ("ours", True),
+    "mmap-plugin": ("mmap-plugin", None),
 }
+
+
+class AutoChoiceRecorder(logging.Handler):
+    """Keeps what ``serialized_checkpoint_loading="auto"`` chose, from the package's INFO line (local rank 0 only)."""
+
+    PATTERN = re.compile(r'"auto" chose k=(-?\d+)')
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.k: Optional[int] = None
+        self.message: Optional[str] = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        found = self.PATTERN.search(message)
+        if found:
+            self.k, self.message = int(found.group(1)), message
+
+
+AUTO_CHOICE = AutoChoiceRecorder()
+logging.getLogger("pytorch_lightning.serialized_restore").addHandler(AUTO_CHOICE)
 
 
 class Proposal2021Connector(_CheckpointConnector):
@@ -67,7 +95,7 @@ class Proposal2021Connector(_CheckpointConnector):
         local_world_size = int(getattr(strategy, "num_processes", 1))
         strategy.barrier("proposal-2021 before turns")
         for turn in range(local_world_size):
-            if strategy.local_rank == turn:
+            if self.trainer.local_rank == turn:
                 super()._restore_modules_and_callbacks(checkpoint_path, weights_only)
                 self._loaded_checkpoint.pop("state_dict", None)
             strategy.barrier(f"proposal-2021 turn {turn}")
@@ -128,14 +156,17 @@ class BenchMLP(pl.LightningModule):
         if not self.run:
             return
         ended = time.time()
-        optimizer_bytes = sum(
-            value.nbytes
+        tensors = [
+            value
             for optimizer in self.trainer.optimizers
             for state in optimizer.state.values()
             for value in state.values()
             if isinstance(value, torch.Tensor)
-        )
-        self._mark("end", optimizer_state_bytes=optimizer_bytes)
+        ]
+        optimizer_bytes = sum(t.nbytes for t in tensors)
+        mappings = _file_mappings()
+        mapped_bytes = sum(t.nbytes for t in tensors if _in_mappings(t.data_ptr(), mappings))
+        self._mark("end", optimizer_state_bytes=optimizer_bytes, optimizer_state_mapped_bytes=mapped_bytes)
         # nobody starts checking (which maps the file) before every rank has left the window
         self.trainer.strategy.barrier("restore window end")
         mismatches = self._compare_with_checkpoint() if self.run.get("ckpt_path") else []
@@ -145,6 +176,9 @@ class BenchMLP(pl.LightningModule):
             "pid": os.getpid(),
             "end": ended,
             "optimizer_state_bytes": optimizer_bytes,
+            "optimizer_state_mapped_bytes": mapped_bytes,
+            "auto_k": AUTO_CHOICE.k,
+            "auto_message": AUTO_CHOICE.message,
             "checked": bool(self.run.get("ckpt_path")),
             "exact": not mismatches,
             "mismatches": mismatches[:20],
@@ -182,6 +216,22 @@ class BenchMLP(pl.LightningModule):
         return mismatches
 
 
+def _file_mappings() -> list[tuple[int, int]]:
+    """Address ranges of this process that map a file (``/proc/self/maps`` lines with an inode)."""
+    ranges = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[4] != "0":
+                start, end = fields[0].split("-")
+                ranges.append((int(start, 16), int(end, 16)))
+    return ranges
+
+
+def _in_mappings(address: int, ranges: list[tuple[int, int]]) -> bool:
+    return any(start <= address < end for start, end in ranges)
+
+
 def _equal(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
@@ -212,6 +262,10 @@ def _trainer(config: dict[str, Any], **kwargs: Any) -> pl.Trainer:
         from serialized_restore import Trainer
 
         return Trainer(serialized_checkpoint_loading=serialized, **common)
+    if kind == "mmap-plugin":
+        from serialized_restore import MmapCheckpointIO
+
+        return pl.Trainer(plugins=[MmapCheckpointIO()], **common)
     trainer = pl.Trainer(**common)
     if kind == "proposal-2021":
         trainer._checkpoint_connector = Proposal2021Connector(trainer)

@@ -64,17 +64,23 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # mode -> environment of its ranks; how each mode builds its Trainer is in `_job.TRAINER_OF_MODE`
 MODES: dict[str, dict[str, str]] = {
     "upstream": {},
+    "mmap-plugin": {},
     "ours-off": {},
     "ours-true": {},
     "ours-2": {},
+    "ours-auto": {},
     "ours-true-eager": {"SERIALIZED_RESTORE_READER": "eager"},
     "proposal-2021": {},
 }
 MODE_DESCRIPTIONS = {
     "upstream": "`pytorch_lightning.Trainer`",
+    "mmap-plugin": "`pytorch_lightning.Trainer(plugins=[serialized_restore.MmapCheckpointIO()])`: upstream's restore,"
+    " every rank at once, reading with `torch.load(..., mmap=True)`",
     "ours-off": "`serialized_restore.Trainer(serialized_checkpoint_loading=False)`",
     "ours-true": "`serialized_restore.Trainer(serialized_checkpoint_loading=True)` (reads memory-mapped)",
     "ours-2": "`serialized_restore.Trainer(serialized_checkpoint_loading=2)`",
+    "ours-auto": '`serialized_restore.Trainer(serialized_checkpoint_loading="auto")` (k chosen per node from the'
+    " memory available)",
     "ours-true-eager": "`serialized_checkpoint_loading=True` with `SERIALIZED_RESTORE_READER=eager`",
     "proposal-2021": "upstream Trainer, local ranks one at a time, dropping only `state_dict` (issue #8043)",
     "baseline": "upstream Trainer, no checkpoint (`ckpt_path=None`)",
@@ -421,6 +427,8 @@ class RestoreRun:
     """Peak of the summed ``Pss:`` of the full sweeps inside the window, bytes."""
     optimizer_state_bytes: int
     """Optimizer state held by all ranks together at the end of the window, bytes."""
+    optimizer_state_mapped_bytes: int
+    """The part of ``optimizer_state_bytes`` that lies in memory-mapped file pages, not in private memory, bytes."""
     window_cpu_seconds: float
     """CPU time (user + system) all ranks together used inside the window, from the first to the last sample."""
     checked: bool
@@ -438,6 +446,10 @@ class RestoreRun:
     other_cpu_seconds: float
     """CPU time used by other processes on the machine while the job ran."""
     run_dir: str
+    auto_k: Optional[int] = None
+    """The ``k`` that ``serialized_checkpoint_loading="auto"`` chose (as the package logged it), else ``None``."""
+    auto_message: Optional[str] = None
+    """That log line, with the figures the choice was made from."""
     timeline: list[tuple[float, int]] = field(default_factory=list)
     """Fast-channel samples from ``TIMELINE_MARGIN`` before the window to its end, as (seconds since the window
     start, bytes), reduced to the largest value per ``TIMELINE_BIN``."""
@@ -517,6 +529,7 @@ def analyse(outcome: JobOutcome, *, mode: str, entry: str, devices: int) -> Rest
         pss_peak=_pss_peak(fast, outcome.sampler.sweeps),
         pss_sweep_peak=max(s[3] for s in inside),
         optimizer_state_bytes=sum(m.get("optimizer_state_bytes", 0) for m in ends),
+        optimizer_state_mapped_bytes=sum(m.get("optimizer_state_mapped_bytes", 0) for m in ends),
         checked=all(r["checked"] for r in ranks),
         exact=all(r["exact"] for r in ranks),
         mismatches=mismatches,
@@ -529,6 +542,8 @@ def analyse(outcome: JobOutcome, *, mode: str, entry: str, devices: int) -> Rest
         job_seconds=outcome.elapsed,
         other_cpu_seconds=outcome.other_cpu_seconds,
         run_dir=str(run_dir),
+        auto_k=next((r["auto_k"] for r in ranks if r.get("auto_k") is not None), None),
+        auto_message=next((r["auto_message"] for r in ranks if r.get("auto_message")), None),
         timeline=_timeline(outcome.sampler.fast, start, end),
     )
 
@@ -556,14 +571,15 @@ def overheads(run: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Option
     """A restore's overheads in bytes against the ``baseline`` job of the same N and entry point (both ``as_dict()``).
 
     * ``raw``: peak node anonymous memory in the window minus the baseline's peak in its window;
-    * ``minus_optimizer`` (fit): ``raw`` minus the optimizer state the ranks hold at the end of the window;
+    * ``minus_optimizer`` (fit): ``raw`` minus the optimizer state the ranks hold in private memory at the end of
+      the window (state still in memory-mapped file pages is not anonymous memory, so it is not subtracted);
     * ``net`` (fit): the peak minus the larger of the baseline's peak and the baseline's memory at the end of its
-      window plus that optimizer state: memory above what a job that did not restore holds at its peak or once it
-      has built its optimizer state (see ``docs/benchmarks.md``);
+      window plus that private optimizer state: memory above what a job that did not restore holds at its peak or
+      once it has built its optimizer state (see ``docs/benchmarks.md``);
     * ``pss``: peak node PSS (``RestoreRun.pss_peak``) minus the baseline's;
     * ``smaps_anon``: peak summed ``Anonymous:`` of the full sweeps minus the baseline's.
     """
-    kept = run["optimizer_state_bytes"]
+    kept = run["optimizer_state_bytes"] - run.get("optimizer_state_mapped_bytes", 0)
     fit = run["entry"] == "fit"
     raw = run["anon_peak"] - baseline["anon_peak"]
     return {
