@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.trainer.connectors.checkpoint_connector import _CheckpointConnector  # noqa: E402
 
+from tests.helpers.models import make_cpu_fsdp_class  # noqa: E402
+
 warnings.filterwarnings("ignore")
 
 # mode -> how the Trainer is built; the environment of a mode is set by the parent (see `_measure.MODES`)
@@ -55,6 +57,9 @@ TRAINER_OF_MODE: dict[str, tuple[str, Any]] = {
     "ours-auto": ("ours", "auto"),
     "ours-true-eager": ("ours", True),
     "mmap-plugin": ("mmap-plugin", None),
+    "fsdp-baseline": ("upstream", None),
+    "fsdp-upstream": ("upstream", None),
+    "fsdp-ours": ("ours", True),
 }
 
 
@@ -193,6 +198,8 @@ class BenchMLP(pl.LightningModule):
     def _compare_with_checkpoint(self) -> list[str]:
         """Names of everything restored that differs from the checkpoint (bit for bit); empty when exact."""
         reference = torch.load(self.run["ckpt_path"], mmap=True, weights_only=False, map_location="cpu")
+        if self.run.get("strategy") == "fsdp_cpu":
+            return self._compare_fsdp_with_checkpoint(reference)
         mismatches = []
         ours = self.state_dict()
         theirs = reference["state_dict"]
@@ -213,6 +220,39 @@ class BenchMLP(pl.LightningModule):
                     for key, value in state.items():
                         if not _equal(mine["state"].get(pid, {}).get(key), value):
                             mismatches.append(f"optimizer {i} state[{pid}][{key!r}]")
+        return mismatches
+
+    def _compare_fsdp_with_checkpoint(self, reference: dict[str, Any]) -> list[str]:
+        """(all ranks) As ``_compare_with_checkpoint``, on the full (gathered) weights and optimizer state of FSDP."""
+        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        model = self.trainer.strategy.model
+        assert model is not None
+        with FSDP.summon_full_params(model, writeback=False):
+            ours = {name: tensor.clone() for name, tensor in self.state_dict().items()}
+        theirs = reference["state_dict"]
+        mismatches = [f"state_dict[{k!r}]" for k in theirs if not _equal(ours.get(k), theirs[k])]
+        if sorted(ours) != sorted(theirs):
+            mismatches.append(f"state_dict keys: {sorted(set(ours) ^ set(theirs))}")
+        if self.trainer.state.fn != "fit":
+            return mismatches
+        if self.trainer.global_step != reference["global_step"]:
+            mismatches.append(f"global_step {self.trainer.global_step} != {reference['global_step']}")
+        # the checkpoint (saved by DDP) keys the state by parameter index, in the order of `self.parameters()`
+        names = [name.replace("_fsdp_wrapped_module.", "") for name, _ in self.named_parameters()]
+        # offload_to_cpu=False: with FSDP on CPU (torch 2.13), offloading returns the gathered state tensors of one
+        # parameter aliased to each other (exp_avg reads as exp_avg_sq)
+        full = (FullStateDictConfig(rank0_only=False), FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=False))
+        for i, (optimizer, saved) in enumerate(zip(self.trainer.optimizers, reference["optimizer_states"])):
+            with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, *full):
+                restored = FSDP.optim_state_dict(model, optimizer)["state"]
+            if sorted(restored) != sorted(names[pid] for pid in saved["state"]):
+                mismatches.append(f"optimizer {i}: state of parameters {sorted(restored)}")
+            for pid, state in saved["state"].items():
+                for key, value in state.items():
+                    if not _equal(restored.get(names[pid], {}).get(key), value):
+                        mismatches.append(f"optimizer {i} state[{names[pid]!r}][{key!r}]")
         return mismatches
 
 
@@ -246,10 +286,15 @@ def _data(width: int, n: int, batch_size: int) -> DataLoader:
 
 def _trainer(config: dict[str, Any], **kwargs: Any) -> pl.Trainer:
     kind, serialized = TRAINER_OF_MODE[config.get("mode", "upstream")]
+    strategy: Any = config.get("strategy", "ddp")
+    if strategy == "fsdp_cpu":
+        # Lightning's FSDPStrategy, wrapping with device_id=cpu (its stock version requires a GPU); one FSDP unit per
+        # layer
+        strategy = make_cpu_fsdp_class("pytorch_lightning")(auto_wrap_policy={torch.nn.Linear}, state_dict_type="full")
     common = {
         "accelerator": "cpu",
         "devices": config["devices"],
-        "strategy": config.get("strategy", "ddp"),
+        "strategy": strategy,
         "logger": False,
         "enable_checkpointing": False,
         "enable_progress_bar": False,

@@ -71,7 +71,26 @@ MODES: dict[str, dict[str, str]] = {
     "ours-auto": {},
     "ours-true-eager": {"SERIALIZED_RESTORE_READER": "eager"},
     "proposal-2021": {},
+    "fsdp-baseline": {},
+    "fsdp-upstream": {},
+    "fsdp-ours": {},
 }
+# FSDP modes run Lightning's FSDPStrategy (on CPU: `tests/helpers/models.py`'s CPUFSDPStrategy) and are compared with
+# their own baseline and upstream
+FSDP_MODES = ("fsdp-baseline", "fsdp-upstream", "fsdp-ours")
+BASELINES = ("baseline", "fsdp-baseline")
+
+
+def baseline_of(mode: str) -> str:
+    """The mode whose job (same N and entry point, no checkpoint) a mode's overheads are measured against."""
+    return "fsdp-baseline" if mode in FSDP_MODES else "baseline"
+
+
+def upstream_of(mode: str) -> str:
+    """The mode whose restore time a mode's time is compared with."""
+    return "fsdp-upstream" if mode in FSDP_MODES else "upstream"
+
+
 MODE_DESCRIPTIONS = {
     "upstream": "`pytorch_lightning.Trainer`",
     "mmap-plugin": "`pytorch_lightning.Trainer(plugins=[serialized_restore.MmapCheckpointIO()])`: upstream's restore,"
@@ -84,6 +103,10 @@ MODE_DESCRIPTIONS = {
     "ours-true-eager": "`serialized_checkpoint_loading=True` with `SERIALIZED_RESTORE_READER=eager`",
     "proposal-2021": "upstream Trainer, local ranks one at a time, dropping only `state_dict` (issue #8043)",
     "baseline": "upstream Trainer, no checkpoint (`ckpt_path=None`)",
+    "fsdp-baseline": "upstream Trainer with FSDP, no checkpoint",
+    "fsdp-upstream": "`pytorch_lightning.Trainer` with FSDP: `FSDPStrategy.load_checkpoint`'s full-checkpoint path",
+    "fsdp-ours": "`serialized_restore.Trainer(serialized_checkpoint_loading=True)` with FSDP: every rank maps the"
+    " file, rank 0 alone hands the optimizer state to FSDP",
 }
 
 
@@ -471,18 +494,18 @@ def measure_restore(
     run_dir: Path,
     timeout: float,
 ) -> RestoreRun:
-    """Run one restore (or, for ``mode="baseline"``, the same job without a checkpoint) and measure it."""
+    """Run one restore (or, for a mode in ``BASELINES``, the same job without a checkpoint) and measure it."""
     config = {
         "action": "restore",
         "out": str(run_dir),
         "mode": mode,
         "entry": entry,
         "devices": devices,
-        "strategy": "ddp",
+        "strategy": "fsdp_cpu" if mode in FSDP_MODES else "ddp",
         "width": checkpoint.width,
         "depth": checkpoint.depth,
         "global_step": checkpoint.global_step,
-        "ckpt_path": None if mode == "baseline" else str(checkpoint.path),
+        "ckpt_path": None if mode in BASELINES else str(checkpoint.path),
     }
     outcome = run_job(config, timeout=timeout, env=MODES.get(mode, {}))
     return analyse(outcome, mode=mode, entry=entry, devices=devices)

@@ -28,7 +28,7 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import _measure  # noqa: E402
-from benchmarks._measure import GIB, MODE_DESCRIPTIONS, JobFailed  # noqa: E402
+from benchmarks._measure import BASELINES, GIB, MODE_DESCRIPTIONS, JobFailed  # noqa: E402
 
 # ---------------------------------------------------------------- configuration
 
@@ -37,9 +37,15 @@ DEPTH = 8
 TRAIN_STEPS = 3  # Adam steps taken before the checkpoint is saved
 DEVICES = (1, 2, 4)
 ENTRIES = ("fit", "validate")
-MODES = ("upstream", "mmap-plugin", "ours-off", "ours-true", "ours-2", "ours-auto", "ours-true-eager", "proposal-2021")
-# modes measured only up to this N (to fit the full run in 15 minutes on 2 cores); the others run at every N
+DDP_MODES = (
+    "upstream", "mmap-plugin", "ours-off", "ours-true", "ours-2", "ours-auto", "ours-true-eager", "proposal-2021"
+)  # fmt: skip
+FSDP_MODES = ("fsdp-upstream", "fsdp-ours")  # measured against their own baseline, `fsdp-baseline`
+MODES = DDP_MODES + FSDP_MODES
+# modes measured only up to / from this N (to fit the full run in 15 minutes on 2 cores); the others run at every N
+# (with one rank, `ours-2`, `ours-auto` and `proposal-2021` restore as `ours-true` and `upstream` do)
 MODE_MAX_DEVICES = {"ours-off": 1, "ours-true-eager": 2}
+MODE_MIN_DEVICES = {"ours-2": 4, "ours-auto": 2, "proposal-2021": 2, "fsdp-upstream": 2, "fsdp-ours": 2}
 REPEATS = 1
 JOB_TIMEOUT = 600.0
 
@@ -65,6 +71,9 @@ PLOT_STYLE = {
     "ours-true-eager": ("tab:cyan", "v", "--"),
     "proposal-2021": ("tab:purple", "D", "--"),
     "baseline": ("0.45", ".", ":"),
+    "fsdp-upstream": ("tab:red", "o", "--"),
+    "fsdp-ours": ("tab:green", "s", "--"),
+    "fsdp-baseline": ("0.45", ".", "--"),
 }
 
 
@@ -93,6 +102,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         action="store_true",
         help="measure every mode at every N (by default "
         + ", ".join(f"{k} only up to N={v}" for k, v in MODE_MAX_DEVICES.items())
+        + ", "
+        + ", ".join(f"{k} only from N={v}" for k, v in MODE_MIN_DEVICES.items())
         + ")",
     )
     parser.add_argument(
@@ -144,11 +155,18 @@ def plan(args: argparse.Namespace) -> list[tuple[int, str, str, int]]:
     for devices in args.devices:
         for entry in args.entries:
             for repeat in range(args.repeats):
-                modes = [m for m in args.modes if args.all_modes_everywhere or devices <= MODE_MAX_DEVICES.get(m, 99)]
-                # rotate the order between repeats, so that no mode always runs right after the baseline
-                shift = repeat % len(modes) if modes else 0
-                for mode in ["baseline", *modes[shift:], *modes[:shift]]:
-                    jobs.append((devices, entry, mode, repeat))
+                modes = [
+                    m
+                    for m in args.modes
+                    if args.all_modes_everywhere or MODE_MIN_DEVICES.get(m, 0) <= devices <= MODE_MAX_DEVICES.get(m, 99)
+                ]
+                # each family (DDP, FSDP) after its own baseline
+                for baseline in dict.fromkeys(_measure.baseline_of(m) for m in modes):
+                    family = [m for m in modes if _measure.baseline_of(m) == baseline]
+                    # rotate the order between repeats, so that no mode always runs right after the baseline
+                    shift = repeat % len(family) if family else 0
+                    for mode in [baseline, *family[shift:], *family[:shift]]:
+                        jobs.append((devices, entry, mode, repeat))
     return jobs
 
 
@@ -216,6 +234,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             "modes": list(args.modes),
             "repeats": args.repeats,
             "mode_max_devices": {} if args.all_modes_everywhere else MODE_MAX_DEVICES,
+            "mode_min_devices": {} if args.all_modes_everywhere else MODE_MIN_DEVICES,
             "fast_interval_s": _measure.FAST_INTERVAL,
             "smaps_duty": _measure.SMAPS_DUTY,
             "quick": args.quick,
@@ -261,7 +280,9 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One cell per (N, entry, mode): medians over repeats of the overheads (``_measure.overheads``) against the
     baseline job of the same N, entry point and repeat, and of the restore time."""
     by_key: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
-    baselines = {(r["devices"], r["entry"], r["repeat"]): r for r in results["runs"] if r["mode"] == "baseline"}
+    baselines = {
+        (r["devices"], r["entry"], r["repeat"], r["mode"]): r for r in results["runs"] if r["mode"] in BASELINES
+    }
     for run in results["runs"]:
         by_key.setdefault((run["devices"], run["entry"], run["mode"]), []).append(run)
 
@@ -273,7 +294,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
         measured = [
             _measure.overheads(run, base)
             for run in runs
-            if (base := baselines.get((devices, entry, run["repeat"]))) is not None
+            if (base := baselines.get((devices, entry, run["repeat"], _measure.baseline_of(mode)))) is not None
         ]
         fit = entry == "fit"
         cells.append(
@@ -295,13 +316,13 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "auto_message": next((r["auto_message"] for r in runs if r.get("auto_message")), None),
                 "window": median([r["window"] for r in runs]),
                 "window_cpu_seconds": median([r["window_cpu_seconds"] for r in runs]),
-                "exact": all(r["exact"] for r in runs) if mode != "baseline" else None,
+                "exact": all(r["exact"] for r in runs) if mode not in BASELINES else None,
                 "other_cpu_share": median([r["other_cpu_seconds"] / r["job_seconds"] for r in runs]),
             }
         )
-    upstream = {(c["devices"], c["entry"]): c["window"] for c in cells if c["mode"] == "upstream"}
+    upstream = {(c["devices"], c["entry"], c["mode"]): c["window"] for c in cells}
     for cell in cells:
-        ref = upstream.get((cell["devices"], cell["entry"]))
+        ref = upstream.get((cell["devices"], cell["entry"], _measure.upstream_of(cell["mode"])))
         cell["time_ratio"] = cell["window"] / ref if ref else None
         cell["headline"] = cell["overhead_net"] if cell["entry"] == "fit" else cell["overhead"]
     return cells
@@ -349,14 +370,23 @@ def check_targets(results: dict[str, Any]) -> list[tuple[str, str, Optional[bool
                  f"{cell[key] / size:.2f} x S (PSS above baseline: {cell['overhead_pss'] / size:.2f} x S)",
                  cell[key] / size <= TARGET_MMAP_PLUGIN_MAX_OVERHEAD)
             )  # fmt: skip
-    for mode in ("ours-true", "mmap-plugin"):
+    for entry, label in (("fit", "fit (net)"), ("validate", "validate")):
+        values = series(entry, "fsdp-ours", "headline")
+        if values:
+            upstream = text(series(entry, "fsdp-upstream", "headline"))
+            rows.append(
+                (f"fsdp-ours {label}: <= {TARGET_OURS_MAX_OVERHEAD} x S at every N",
+                 f"{text(values)} (fsdp-upstream: {upstream})", max(v for _, v in values) <= TARGET_OURS_MAX_OVERHEAD)
+            )  # fmt: skip
+    for mode in ("ours-true", "mmap-plugin", "fsdp-ours"):
         for entry in ("fit", "validate"):
             cell = find.get((top, entry, mode))
             if cell is not None and cell["time_ratio"] is not None:
+                upstream = _measure.upstream_of(mode)
                 rows.append(
-                    (f"{mode} restore time <= upstream's at N={top}, {entry}",
+                    (f"{mode} restore time <= {upstream}'s at N={top}, {entry}",
                      f"{cell['window']:.2f}s vs {cell['window'] / cell['time_ratio']:.2f}s"
-                     f" = {cell['time_ratio']:.2f} x upstream", cell["time_ratio"] <= 1.0)
+                     f" = {cell['time_ratio']:.2f} x {upstream}", cell["time_ratio"] <= 1.0)
                 )  # fmt: skip
     return rows
 
@@ -375,7 +405,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     cells = results["cells"]
     size = results["checkpoint"]["size_bytes"]
     devices = sorted({c["devices"] for c in cells})
-    modes = [m for m in MODES if any(c["mode"] == m for c in cells)]
+    modes = [m for m in DDP_MODES if any(c["mode"] == m for c in cells)]
     entries = [e for e in ENTRIES if any(c["entry"] == e for c in cells)]
     title = (
         f"{results['checkpoint']['params'] / 1e6:.0f}M-parameter MLP + Adam, S = {size / GIB:.2f} GiB;"
@@ -466,7 +496,34 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     timeline_png = out_dir / "restore_timeline.png"
     fig.savefig(timeline_png, dpi=110)
     plt.close(fig)
-    return [memory_png, time_png, timeline_png]
+    written = [memory_png, time_png, timeline_png]
+
+    # FSDP: overhead / S against N
+    fsdp_modes = [m for m in FSDP_MODES if any(c["mode"] == m for c in cells)]
+    if fsdp_modes:
+        panels = [("fit", "overhead_net", "fit (net)"), ("validate", "overhead", "validate (raw)")]
+        panels = [p for p in panels if p[0] in entries]
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.0 * len(panels), 4.2), sharey=True, squeeze=False)
+        for ax, (entry, key, label) in zip(axes[0], panels):
+            for mode in fsdp_modes:
+                pts = [(c["devices"], c[key] / size) for c in cells if c["entry"] == entry and c["mode"] == mode]
+                if pts:
+                    ax.plot(*zip(*pts), **style(mode))
+            ax.axhline(TARGET_OURS_MAX_OVERHEAD, color="tab:green", lw=0.8, ls="--", alpha=0.6)
+            ax.axhline(0, color="0.3", lw=0.6)
+            ax.set_title(f"FSDP, {label}: above fsdp-baseline", fontsize=10)
+            ax.set_xlabel("ranks N")
+            ax.set_xticks(sorted({c["devices"] for c in cells if c["mode"] in fsdp_modes}))
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("restore overhead / S")
+        axes[0][0].legend(fontsize=8, loc="upper left")
+        fig.suptitle(title.replace("DDP over gloo", "FSDP over gloo"), fontsize=10)
+        fig.tight_layout()
+        fsdp_png = out_dir / "restore_fsdp.png"
+        fig.savefig(fsdp_png, dpi=110)
+        plt.close(fig)
+        written.append(fsdp_png)
+    return written
 
 
 def _gib(value: Optional[float], size: int, bold: bool = False) -> str:
@@ -491,7 +548,7 @@ def report(results: dict[str, Any], image_dir: str) -> str:
     cells = results["cells"]
     runs = results["runs"]
     devices = sorted({c["devices"] for c in cells})
-    modes = [mode for mode in MODES if any(c["mode"] == mode for c in cells)]
+    modes = [mode for mode in DDP_MODES if any(c["mode"] == mode for c in cells)]
     find = {(c["devices"], c["entry"], c["mode"]): c for c in cells}
     other = statistics.mean(r["other_cpu_seconds"] / r["job_seconds"] for r in runs) if runs else 0.0
     lines = [
@@ -552,12 +609,18 @@ def report(results: dict[str, Any], image_dir: str) -> str:
         " fit it drops the optimizer state after the first stage and reads the file again in its second turn.",
         "",
     ]
-    trimmed = {k: v for k, v in cfg["mode_max_devices"].items() if k in modes and v < max(devices)}
+    trimmed = [f"`{k}` only up to N={v}" for k, v in cfg["mode_max_devices"].items() if k in modes and v < max(devices)]
+    trimmed += [
+        f"`{k}` only from N={v}"
+        for k, v in cfg.get("mode_min_devices", {}).items()
+        if k in modes + list(FSDP_MODES) and v > min(devices)
+    ]
     if trimmed:
         lines += [
-            "To keep the full run within 15 minutes on 2 cores, "
-            + ", ".join(f"`{k}` is measured only up to N={v}" for k, v in trimmed.items())
-            + " (`--all-modes-everywhere` measures every mode at every N).",
+            "To keep the full run within 15 minutes on 2 cores, some modes are measured at some N only: "
+            + ", ".join(trimmed)
+            + " (with one rank, `ours-2`, `ours-auto` and `proposal-2021` restore as `ours-true` and `upstream`"
+            " do; `--all-modes-everywhere` measures every mode at every N).",
             "",
         ]
     lines += [
@@ -698,6 +761,7 @@ def report(results: dict[str, Any], image_dir: str) -> str:
             if any(find.get((n, e, mode)) for e in cfg["entries"]):
                 lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    lines += _fsdp_section(results, image_dir)
     targets = [] if cfg["quick"] else check_targets(results)
     if cfg["quick"]:
         lines += [
@@ -761,6 +825,71 @@ def report(results: dict[str, Any], image_dir: str) -> str:
     return "\n".join(lines)
 
 
+def _fsdp_section(results: dict[str, Any], image_dir: str) -> list[str]:
+    """The FSDP part of the page: its modes, one table of memory and time, and its plot."""
+    cells = results["cells"]
+    size = results["checkpoint"]["size_bytes"]
+    modes = [m for m in FSDP_MODES if any(c["mode"] == m for c in cells)]
+    if not modes:
+        return []
+    find = {(c["devices"], c["entry"], c["mode"]): c for c in cells}
+    devices = sorted({c["devices"] for c in cells if c["mode"] in modes})
+    lines = [
+        "## FSDP, full checkpoint",
+        "",
+        'The same checkpoint restored under Lightning\'s `FSDPStrategy` (`state_dict_type="full"`, one FSDP unit per'
+        " linear layer). Lightning's stock strategy requires a GPU, so the jobs use the test suite's"
+        " `CPUFSDPStrategy`, which differs only in wrapping the model with `device_id=cpu`; the restore code is"
+        " Lightning's own (`fsdp-upstream`) or the package's (`fsdp-ours`). Overheads are against `fsdp-baseline`,"
+        " the same FSDP job without a checkpoint, and times against `fsdp-upstream`. Exactness is checked on the"
+        " gathered (full) weights and, for fit, on the optimizer state gathered with `FSDP.optim_state_dict`.",
+        "",
+        "| mode | what restores |",
+        "|---|---|",
+        *[f"| `{mode}` | {MODE_DESCRIPTIONS[mode]} |" for mode in ["fsdp-baseline", *modes]],
+        "",
+        "FSDP restores with collectives (the weights are gathered and re-sharded, and so is the optimizer state), so"
+        " its ranks cannot take turns. `fsdp-upstream` reads the file lazily and materializes the whole optimizer"
+        " state on every rank, for validate too. `fsdp-ours` maps the file on every rank (one copy in the page"
+        " cache, not anonymous) and lets rank 0 alone hand the optimizer state to FSDP, which broadcasts it tensor by"
+        " tensor; each rank keeps only its shard, which it needs for training anyway.",
+        "",
+        f"![FSDP restore overhead / S against N]({image_dir}/restore_fsdp.png)",
+        "",
+    ]
+    header = ["mode", "N", "fit: net", "fit: raw", "optimizer state kept", "fit: PSS above baseline", "fit: window (s)"]
+    header += ["vs fsdp-upstream", "validate: raw", "validate: PSS above baseline", "validate: window (s)"]
+    header += ["vs fsdp-upstream", "exact"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for mode in ["fsdp-baseline", *modes]:
+        for n in devices:
+            fit, val = find.get((n, "fit", mode)), find.get((n, "validate", mode))
+            if fit is None and val is None:
+                continue
+            row = [f"`{mode}`", str(n)]
+            for c, entry in ((fit, "fit"), (val, "validate")):
+                if c is None:
+                    row += ["–"] * (6 if entry == "fit" else 4)
+                    continue
+                if mode == "fsdp-baseline":
+                    own = f"its peak: {c['anon_peak'] / GIB:.2f} GiB"
+                    row += ["–", own, "–", "–"] if entry == "fit" else [own, "–"]
+                    row += [f"{c['window']:.2f}", "–"]
+                    continue
+                if entry == "fit":
+                    row += [_gib(c["overhead_net"], size, bold=True), _gib(c["overhead"], size)]
+                    row += [_gib(c["optimizer_state_bytes"], size)]
+                else:
+                    row += [_gib(c["overhead"], size, bold=True)]
+                ratio = f"**{c['time_ratio']:.2f}**" if c["time_ratio"] is not None else "–"
+                row += [_gib(c["overhead_pss"], size), f"{c['window']:.2f}", ratio]
+            exact = [c["exact"] for c in (fit, val) if c is not None and c["exact"] is not None]
+            row.append("–" if mode == "fsdp-baseline" else ("yes" if all(exact) else "**NO**"))
+            lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    return lines
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     if args.from_results:
@@ -784,7 +913,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     for target, measured, ok in [] if args.quick else check_targets(results):
         print(f"  target {'met   ' if ok else 'MISSED' if ok is False else '  –   '} {target}: {measured}")
     print(f"total {results['wall_seconds'] / 60:.1f} minutes")
-    inexact = [r for r in results["runs"] if r["mode"] != "baseline" and not r["exact"]]
+    inexact = [r for r in results["runs"] if r["mode"] not in BASELINES and not r["exact"]]
     for run in inexact:
         where = f"N={run['devices']} {run['entry']} {run['mode']}"
         print(f"ERROR: restore not exact: {where}: {'; '.join(run['mismatches'])}", file=sys.stderr)
