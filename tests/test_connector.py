@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.strategies import SingleDeviceStrategy
+from pytorch_lightning.strategies import SingleDeviceStrategy, Strategy
 
 from serialized_restore import Trainer
 from tests.helpers.models import dataloader, make_model_class
@@ -60,6 +60,57 @@ def test_strategy_overriding_restore_warns_and_restores_as_upstream(
     assert messages == [
         "`Trainer(serialized_checkpoint_loading=True)` has no effect with _OverridingStrategy: it overrides"
         " load_model_state_dict. The checkpoint is restored as upstream Lightning does."
+    ]
+    assert "turn for" not in caplog.text
+    saved = torch.load(checkpoint, weights_only=True)["state_dict"]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
+
+
+class _UnknownStrategy(Strategy):
+    """A strategy the package does not know (no DDP, single-device or FSDP base): one CPU process."""
+
+    @property
+    def root_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def is_global_zero(self) -> bool:
+        return True
+
+    global_rank = local_rank = node_rank = 0
+    world_size = 1
+
+    def model_to_device(self) -> None:
+        assert self.model is not None
+        self.model.to(self.root_device)
+
+    def barrier(self, name: Any = None) -> None:
+        pass
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def reduce(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return tensor
+
+    def all_gather(self, tensor: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        return tensor
+
+
+def test_unknown_strategy_warns_once_and_restores_as_upstream(
+    tmp_path: Path, checkpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A strategy the package does not know may restore with collectives: one warning naming it, upstream's restore."""
+    trainer = _trainer(tmp_path, strategy=_UnknownStrategy(), serialized_checkpoint_loading=2)
+    model = Model()
+    with caplog.at_level(logging.INFO), pytest.warns(UserWarning) as warned:
+        trainer.validate(model, dataloaders=dataloader(), ckpt_path=checkpoint)
+        trainer.test(model, dataloaders=dataloader(), ckpt_path=checkpoint)
+    messages = [str(w.message) for w in warned if "serialized_checkpoint_loading" in str(w.message)]
+    assert messages == [
+        "`Trainer(serialized_checkpoint_loading=2)` has no effect with _UnknownStrategy: its restore may run"
+        " collectives, which cannot run while ranks take turns. The checkpoint is restored as upstream Lightning"
+        " does."
     ]
     assert "turn for" not in caplog.text
     saved = torch.load(checkpoint, weights_only=True)["state_dict"]
