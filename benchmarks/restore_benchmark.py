@@ -554,7 +554,7 @@ def report(results: dict[str, Any], image_dir: str) -> str:
     find = {(c["devices"], c["entry"], c["mode"]): c for c in cells}
     other = statistics.mean(r["other_cpu_seconds"] / r["job_seconds"] for r in runs) if runs else 0.0
     lines = [
-        "# Benchmark: node memory and time of a DDP restore",
+        "# Benchmark: node memory and time of a DDP (and FSDP) restore",
         "",
         "Generated, with its plots, by `benchmarks/restore_benchmark.py`; rerun the command below to regenerate"
         " all of it. Every number on this page comes from that one run.",
@@ -611,11 +611,15 @@ def report(results: dict[str, Any], image_dir: str) -> str:
         " fit it drops the optimizer state after the first stage and reads the file again in its second turn.",
         "",
     ]
-    trimmed = [f"`{k}` only up to N={v}" for k, v in cfg["mode_max_devices"].items() if k in modes and v < max(devices)]
-    trimmed += [
-        f"`{k}` only from N={v}"
-        for k, v in cfg.get("mode_min_devices", {}).items()
-        if k in modes + list(FSDP_MODES) and v > min(devices)
+    limits: dict[str, tuple[int, int]] = {}
+    for mode in [*modes, *FSDP_MODES]:
+        low = max(cfg.get("mode_min_devices", {}).get(mode, 0), min(devices))
+        high = min(cfg["mode_max_devices"].get(mode, max(devices)), max(devices))
+        if (low, high) != (min(devices), max(devices)) and any(c["mode"] == mode for c in cells):
+            limits[mode] = (low, high)
+    trimmed = [
+        f"`{mode}` only at N={low}" if low == high else f"`{mode}` only from N={low} to N={high}"
+        for mode, (low, high) in limits.items()
     ]
     if trimmed:
         lines += [
