@@ -92,8 +92,8 @@ def test_single_device_fit_resume_matches_upstream(tmp_path: Path, reference: di
 
 
 _SUBCLASS_JOB = '''\
-"""tests/helpers/job.py with `strategy="plain_ddp_subclass"`: a DDPStrategy subclass that overrides an unrelated
-method and none of the restore methods."""
+"""tests/helpers/job.py with two DDPStrategy subclasses: `strategy="plain_ddp_subclass"` overrides an unrelated
+method and none of the restore methods, `strategy="overriding_ddp_subclass"` overrides `load_checkpoint`."""
 
 import json
 import sys
@@ -111,7 +111,14 @@ class PlainDDPSubclass(pl.strategies.DDPStrategy):
         print(f"PlainDDPSubclass in use on rank {self.global_rank}", flush=True)
 
 
+class OverridingDDPSubclass(pl.strategies.DDPStrategy):
+    def load_checkpoint(self, checkpoint_path, weights_only=None):
+        print(f"OverridingDDPSubclass.load_checkpoint on rank {self.global_rank}", flush=True)
+        return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+
+
 pl.strategies.StrategyRegistry.register("plain_ddp_subclass", PlainDDPSubclass)
+pl.strategies.StrategyRegistry.register("overriding_ddp_subclass", OverridingDDPSubclass)
 job.main(config)
 '''
 
@@ -146,3 +153,39 @@ def test_ddp_subclass_without_restore_overrides_is_treated_as_ddp(tmp_path: Path
     assert_every_rank_wrote_its_result(out, result.ranks, world_size=2)
     assert_training_state_equal(result.ranks, reference["uninterrupted"])
     assert_ranks_took_turns(result.ranks)
+
+
+def test_ddp_subclass_overriding_a_restore_method_warns_and_restores_as_upstream(
+    tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    """A `DDPStrategy` subclass that overrides `load_checkpoint` may run collectives there: on 2 real ranks, one
+    warning on rank zero naming it, no turns, and upstream's restore, bit-identical."""
+    script = tmp_path / "subclass_job.py"
+    script.write_text(_SUBCLASS_JOB)
+    out = tmp_path / "out"
+    result = run_job(
+        {
+            "trainer": "ours",
+            "strategy": "overriding_ddp_subclass",
+            "serialized": True,
+            "out": str(out),
+            "max_epochs": 2,
+            "ckpt_path": reference["ckpt"],
+        },
+        timeout=JOB_TIMEOUT,
+        script=script,
+    )
+    assert result.returncode == 0, result.output[-6000:]
+    assert not result.errors, result.errors
+    for rank in (0, 1):
+        assert f"OverridingDDPSubclass.load_checkpoint on rank {rank}" in result.output
+    warning = (
+        "`Trainer(serialized_checkpoint_loading=True)` has no effect with OverridingDDPSubclass: it overrides"
+        " load_checkpoint. The checkpoint is restored as upstream Lightning does."
+    )
+    assert result.output.count(warning) == 1, result.output[-4000:]
+    assert sorted(p.name for p in out.glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
+    assert_training_state_equal(result.ranks, reference["uninterrupted"])
+    for rank, ranked in result.ranks.items():
+        assert not [m for _, m in ranked["turn_log"] if "serialized restore: turn for" in m], f"rank {rank} took turns"
+        assert ranked["stage2_view"]["tensor_bytes"]["state_dict"] > 0, "the cached dict was released as ours does"
