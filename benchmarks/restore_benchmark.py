@@ -414,6 +414,15 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
         f" DDP over gloo on CPU, {results['machine']['cores']} cores"
     )
 
+    def save(fig: Any, axes: Any, suptitle: str, name: str) -> Path:
+        """Legend in the first panel, the title, then ``out_dir / name``; closes the figure."""
+        axes[0][0].legend(fontsize=8, loc="upper left")
+        fig.suptitle(suptitle, fontsize=10)
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)
+        return out_dir / name
+
     def style(mode: str) -> dict[str, Any]:
         color, marker, line = PLOT_STYLE.get(mode, ("0.45", ".", ":"))
         return {"color": color, "marker": marker, "ls": line, "label": mode}
@@ -441,15 +450,10 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_xticks(devices)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("restore overhead / S\n(peak node anonymous memory in the restore window)")
-    axes[0][0].legend(fontsize=8, loc="upper left")
     targets = f"dashed green: {TARGET_OURS_MAX_OVERHEAD} x S"
     if "mmap-plugin" in modes:
         targets += f"; dash-dotted brown: {TARGET_MMAP_PLUGIN_MAX_OVERHEAD} x S (mmap-plugin, largest N)"
-    fig.suptitle(title + "\n" + targets, fontsize=10)
-    fig.tight_layout()
-    memory_png = out_dir / "restore_memory.png"
-    fig.savefig(memory_png, dpi=110)
-    plt.close(fig)
+    written = [save(fig, axes, title + "\n" + targets, "restore_memory.png")]
 
     # restore time against N
     fig, axes = plt.subplots(1, len(entries), figsize=(5.4 * len(entries), 4.6), squeeze=False)
@@ -465,12 +469,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_xticks(devices)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8, loc="upper left")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    time_png = out_dir / "restore_time.png"
-    fig.savefig(time_png, dpi=110)
-    plt.close(fig)
+    written.append(save(fig, axes, title, "restore_time.png"))
 
     # node memory over time at the largest N
     top = max(devices)
@@ -492,13 +491,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_xlabel("seconds since the start of the restore window")
         ax.set_ylabel("GiB")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8, loc="upper left")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    timeline_png = out_dir / "restore_timeline.png"
-    fig.savefig(timeline_png, dpi=110)
-    plt.close(fig)
-    written = [memory_png, time_png, timeline_png]
+    written.append(save(fig, axes, title, "restore_timeline.png"))
 
     # FSDP: overhead / S against N
     fsdp_modes = [m for m in FSDP_MODES if any(c["mode"] == m for c in cells)]
@@ -518,13 +511,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
             ax.set_xticks(sorted({c["devices"] for c in cells if c["mode"] in fsdp_modes}))
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("restore overhead / S")
-        axes[0][0].legend(fontsize=8, loc="upper left")
-        fig.suptitle(title.replace("DDP over gloo", "FSDP over gloo"), fontsize=10)
-        fig.tight_layout()
-        fsdp_png = out_dir / "restore_fsdp.png"
-        fig.savefig(fsdp_png, dpi=110)
-        plt.close(fig)
-        written.append(fsdp_png)
+        written.append(save(fig, axes, title.replace("DDP over gloo", "FSDP over gloo"), "restore_fsdp.png"))
     return written
 
 

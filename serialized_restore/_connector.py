@@ -63,8 +63,8 @@ class _SerializedCheckpointConnectorMixin:
         super().__init__(trainer)  # type: ignore[call-arg]
         self._options = options
         self._schedule: Optional[TurnSchedule] = None
-        self._reading_in_turn = False
-        self._reading_fsdp_full = False
+        self._reading: Optional[str] = None
+        """While stage 1 reads: ``_TURNS`` (inside a turn) or ``_FSDP_FULL``; ``None``: upstream's ``resume_start``."""
         self._reader_used = ""
         self._bytes_read = 0
         self._weights_only: Optional[bool] = None
@@ -96,11 +96,11 @@ class _SerializedCheckpointConnectorMixin:
                 self._fetch(self._make_schedule(checkpoint_path, 1), checkpoint_path)
             schedule = self._make_schedule(checkpoint_path, self._max_concurrent(checkpoint_path))
             with schedule.turn(STAGE_MODULES) as record:
-                self._reading_in_turn = True
+                self._reading = _TURNS
                 try:
                     super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
                 finally:
-                    self._reading_in_turn = False
+                    self._reading = None
                 record.bytes_read = self._bytes_read
                 self._release_after_modules()
         except BaseException:
@@ -136,7 +136,7 @@ class _SerializedCheckpointConnectorMixin:
             " the full checkpoint is memory-mapped and its optimizer state is broadcast from rank 0 by FSDP."
         )
         self.restore_incomplete = True
-        self._reading_fsdp_full = True
+        self._reading = _FSDP_FULL
         try:
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
             self._release_after_modules()
@@ -144,22 +144,20 @@ class _SerializedCheckpointConnectorMixin:
             self._abandon()
             raise
         finally:
-            self._reading_fsdp_full = False
+            self._reading = None
 
     def resume_start(self, checkpoint_path: Any = None, weights_only: Optional[bool] = None) -> None:
-        """Upstream's ``resume_start``, reading with the turn's reader when called inside a turn."""
-        if self._reading_fsdp_full:
-            self._ckpt_path = checkpoint_path
-            self._rank_zero_info(f"Restoring states from the checkpoint path at {checkpoint_path}")
-            self._reader_used = "mmap"
-            checkpoint = load_full_checkpoint(self.trainer.strategy, checkpoint_path, weights_only, self._fitting())
-            self._loaded_checkpoint = self._migrate(checkpoint, checkpoint_path)
-            return
-        if not self._reading_in_turn:
+        """Upstream's ``resume_start``, reading with the turn's reader inside a turn, or FSDP's full-checkpoint path."""
+        if self._reading is None:
             super().resume_start(checkpoint_path, weights_only)  # type: ignore[misc]
             return
         self._ckpt_path = checkpoint_path
         self._rank_zero_info(f"Restoring states from the checkpoint path at {checkpoint_path}")
+        if self._reading == _FSDP_FULL:
+            self._reader_used = "mmap"
+            checkpoint = load_full_checkpoint(self.trainer.strategy, checkpoint_path, weights_only, self._fitting())
+            self._loaded_checkpoint = self._migrate(checkpoint, checkpoint_path)
+            return
         loaded = self._read(checkpoint_path, weights_only, self._options.reader)
         self._reader_used = loaded[1]
         self._bytes_read = loaded[2]
@@ -274,7 +272,7 @@ class _SerializedCheckpointConnectorMixin:
                 else f"serialized restore: FSDP's own restore is used as is: {why}."
             )
             return _UPSTREAM
-        if base is not None and base is not fsdp and not overridden and not strategy.restore_checkpoint_after_setup:
+        if base is not None and not overridden and not strategy.restore_checkpoint_after_setup:
             return _TURNS
         if type(strategy) not in self._warned_strategies:
             self._warned_strategies.add(type(strategy))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 import zipfile
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
@@ -112,6 +113,25 @@ def _preference(failure: RankFailure) -> tuple[int, int]:
 # small archive members worth a checksum test when a load failed: the pickle and torch's format records
 _CHECKED_MEMBERS = ("data.pkl", ".format_version", "version", "byteorder", ".storage_alignment")
 _CHECKED_MEMBER_BYTES = 64 * 2**20
+
+
+def failure_from_exception(rank: Any, stage: str, err: BaseException, checkpoint_path: str) -> RankFailure:
+    """The :class:`RankFailure` of an exception raised on this rank (``rank``: anything with ``global_rank``,
+    ``node_rank`` and ``local_rank``), its message led by what the file most likely is when that can be told."""
+    message = f"{type(err).__name__}: {err}"
+    explanation = explain_failure(checkpoint_path, err)
+    if explanation is not None:
+        # what the file is first: the low-level message can be long, and for a damaged file misleading
+        message = f"{explanation}\n  {message}"
+    return RankFailure(
+        global_rank=rank.global_rank,
+        node_rank=rank.node_rank,
+        local_rank=rank.local_rank,
+        stage=stage,
+        kind="exception",
+        message=message,
+        traceback="".join(traceback.format_exception(type(err), err, err.__traceback__)),
+    )
 
 
 def explain_failure(checkpoint_path: str, err: BaseException) -> Optional[str]:

@@ -20,13 +20,12 @@ rank, so it is restored by upstream's code unchanged.
 
 from __future__ import annotations
 
-import traceback
 from pathlib import Path
 from typing import Any, Optional
 
 import torch.distributed as dist
 
-from serialized_restore._errors import CheckpointRestoreError, RankFailure
+from serialized_restore._errors import CheckpointRestoreError, RankFailure, failure_from_exception
 from serialized_restore._flavour import flavour_of
 from serialized_restore._readers import load_mmap, local_path, path_unmappable_reason
 
@@ -110,15 +109,7 @@ def _raise_if_any_failed(strategy: Any, path: Any, raised: Optional[Exception]) 
     """(all ranks) If any rank failed, raise the same :class:`CheckpointRestoreError` on every rank."""
     mine = None
     if raised is not None:
-        mine = RankFailure(
-            global_rank=strategy.global_rank,
-            node_rank=strategy.node_rank,
-            local_rank=strategy.local_rank,
-            stage=STAGE_PREPARE_OPTIMIZER_STATE,
-            kind="exception",
-            message=f"{type(raised).__name__}: {raised}",
-            traceback="".join(traceback.format_exception(raised)),
-        ).to_json()
+        mine = failure_from_exception(strategy, STAGE_PREPARE_OPTIMIZER_STATE, raised, str(path)).to_json()
     gathered: list[Any] = [mine]
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         gathered = [None] * dist.get_world_size()

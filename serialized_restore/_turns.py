@@ -40,7 +40,7 @@ from typing import Callable, Optional
 
 import torch.distributed as dist
 
-from serialized_restore._errors import GONE_KINDS, CheckpointRestoreError, RankFailure, explain_failure
+from serialized_restore._errors import GONE_KINDS, CheckpointRestoreError, RankFailure, failure_from_exception
 from serialized_restore._options import HEARTBEAT_TIMEOUT_ENV, TURN_TIMEOUT_ENV
 
 log = logging.getLogger(__name__)
@@ -250,21 +250,7 @@ class TurnSchedule:
     # --------------------------------------------------------------- failures
 
     def _failure_from_exception(self, stage: str, err: BaseException) -> RankFailure:
-        p = self.placement
-        message = f"{type(err).__name__}: {err}"
-        explanation = explain_failure(self.checkpoint_path, err)
-        if explanation is not None:
-            # what the file is first: the low-level message can be long, and for a damaged file misleading
-            message = f"{explanation}\n  {message}"
-        return RankFailure(
-            global_rank=p.global_rank,
-            node_rank=p.node_rank,
-            local_rank=p.local_rank,
-            stage=stage,
-            kind="exception",
-            message=message,
-            traceback="".join(traceback.format_exception(type(err), err, err.__traceback__)),
-        )
+        return failure_from_exception(self.placement, stage, err, self.checkpoint_path)
 
     def _post_failures(self, keys: _StageKeys, failures: list[RankFailure]) -> bool:
         """Append ``failures`` to the stage's reports; ``False`` if the store is gone."""

@@ -123,6 +123,26 @@ job.main(config)
 '''
 
 
+def _run_subclass_job(tmp_path: Path, reference: dict[str, Any], strategy: str, **config: Any) -> Any:
+    """Resume the reference checkpoint to epoch 2 with our Trainer and a strategy registered by `_SUBCLASS_JOB`
+    (written into `tmp_path`); every rank must succeed. Results go to `tmp_path / "out"`."""
+    script = tmp_path / "subclass_job.py"
+    script.write_text(_SUBCLASS_JOB)
+    job = {
+        "trainer": "ours",
+        "strategy": strategy,
+        "serialized": True,
+        "out": str(tmp_path / "out"),
+        "max_epochs": 2,
+        "ckpt_path": reference["ckpt"],
+        **config,
+    }
+    result = run_job(job, timeout=JOB_TIMEOUT, script=script)
+    assert result.returncode == 0, result.output[-6000:]
+    assert not result.errors, result.errors
+    return result
+
+
 def test_ddp_subclass_without_restore_overrides_is_treated_as_ddp(tmp_path: Path, reference: dict[str, Any]) -> None:
     """A user's `DDPStrategy` subclass that does not override `load_checkpoint`, `load_model_state_dict` or
     `load_optimizer_state_dict` restores in turns like DDP, bit-identically, with no warning.
@@ -130,24 +150,8 @@ def test_ddp_subclass_without_restore_overrides_is_treated_as_ddp(tmp_path: Path
     tests/helpers/job.py takes a strategy by name only, so this runs it through a small script that registers the
     subclass under a name in Lightning's strategy registry (in every rank: the `ddp` launcher re-runs the script) and
     then runs `job.main` unchanged."""
-    script = tmp_path / "subclass_job.py"
-    script.write_text(_SUBCLASS_JOB)
     out = tmp_path / "out"
-    result = run_job(
-        {
-            "trainer": "ours",
-            "strategy": "plain_ddp_subclass",
-            "serialized": True,
-            "out": str(out),
-            "max_epochs": 2,
-            "ckpt_path": reference["ckpt"],
-            "hook_sleep": HOOK_SLEEP,
-        },
-        timeout=JOB_TIMEOUT,
-        script=script,
-    )
-    assert result.returncode == 0, result.output[-6000:]
-    assert not result.errors, result.errors
+    result = _run_subclass_job(tmp_path, reference, "plain_ddp_subclass", hook_sleep=HOOK_SLEEP)
     assert "PlainDDPSubclass in use on rank 0" in result.output and "PlainDDPSubclass in use on rank 1" in result.output
     assert NO_EFFECT not in result.output, result.output[-4000:]
     assert_every_rank_wrote_its_result(out, result.ranks, world_size=2)
@@ -160,23 +164,8 @@ def test_ddp_subclass_overriding_a_restore_method_warns_and_restores_as_upstream
 ) -> None:
     """A `DDPStrategy` subclass that overrides `load_checkpoint` may run collectives there: on 2 real ranks, one
     warning on rank zero naming it, no turns, and upstream's restore, bit-identical."""
-    script = tmp_path / "subclass_job.py"
-    script.write_text(_SUBCLASS_JOB)
     out = tmp_path / "out"
-    result = run_job(
-        {
-            "trainer": "ours",
-            "strategy": "overriding_ddp_subclass",
-            "serialized": True,
-            "out": str(out),
-            "max_epochs": 2,
-            "ckpt_path": reference["ckpt"],
-        },
-        timeout=JOB_TIMEOUT,
-        script=script,
-    )
-    assert result.returncode == 0, result.output[-6000:]
-    assert not result.errors, result.errors
+    result = _run_subclass_job(tmp_path, reference, "overriding_ddp_subclass")
     for rank in (0, 1):
         assert f"OverridingDDPSubclass.load_checkpoint on rank {rank}" in result.output
     warning = (
