@@ -25,9 +25,9 @@ checkpoint memory-mapped and passing the optimizer state to FSDP on rank 0 only 
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
-from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -42,6 +42,7 @@ from serialized_restore._remote import NodeLocalCopy, is_remote
 from serialized_restore._turns import RankPlacement, TurnSchedule
 
 STAGE_FETCH = "fetch checkpoint"
+STAGE_PLAN = "plan restore"
 STAGE_MODULES = "restore modules and callbacks"
 STAGE_TRAINING_STATE = "restore training state"
 
@@ -288,7 +289,11 @@ class _SerializedCheckpointConnectorMixin:
         return _UPSTREAM
 
     def _max_concurrent(self, checkpoint_path: Any) -> int:
-        """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it from free memory."""
+        """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it from free memory.
+
+        The node's other ranks wait for the decision as they wait for a turn (``STAGE_PLAN``): a local rank 0 that
+        dies or raises before deciding ends the restore on every rank within the same bounds as a failed turn.
+        """
         if self._options.max_concurrent is not None:
             return self._options.max_concurrent
         source = self._local_copy.path if self._local_copy is not None else checkpoint_path
@@ -299,22 +304,14 @@ class _SerializedCheckpointConnectorMixin:
             else ("mmap" if mmap_unsupported_reason(strategy, source) is None else "eager")
         )
         size = os.path.getsize(local) if (local := local_path(source)) and os.path.isfile(local) else 0
-        plan, failure = None, None
+
+        def decide() -> str:
+            plan = plan_auto(size, reader, _local_world_size(strategy))
+            return json.dumps([plan.max_concurrent, plan.describe()])
+
+        schedule = self._make_schedule(checkpoint_path, _local_world_size(strategy))
+        k, figures = json.loads(schedule.decide_per_node(STAGE_PLAN, decide))
         if self.trainer.local_rank == 0:
-            try:
-                plan = plan_auto(size, reader, _local_world_size(strategy))
-            except Exception as err:  # the node's other ranks wait for the decision: tell them, then raise
-                failure = err
-        proposal = f"{plan.max_concurrent} {plan.describe()}" if plan is not None else f"-1 {failure!r}"
-        decision = self._agree_per_node(proposal if self.trainer.local_rank == 0 else "")
-        k_text, figures = decision.split(" ", 1)
-        k = int(k_text)
-        if k < 0:
-            raise RuntimeError(
-                f'`Trainer(serialized_checkpoint_loading="auto")` could not plan the restore on node'
-                f" {self.trainer.node_rank}: local rank 0 failed with {figures}"
-            ) from failure
-        if plan is not None:
             self._log.info(f'serialized restore: "auto" chose k={k} for node {self.trainer.node_rank}: {figures}')
         if k < 1:
             raise MemoryError(
@@ -323,20 +320,7 @@ class _SerializedCheckpointConnectorMixin:
                 f" Free memory, read the checkpoint memory-mapped, or set {AVAILABLE_MEMORY_ENV} if the estimate is"
                 " wrong."
             )
-        return k
-
-    def _agree_per_node(self, value: str) -> str:
-        """(all ranks) Every rank of a node takes local rank 0's value, through the process group's store."""
-        if not (dist.is_available() and dist.is_initialized()) or self.trainer.world_size == 1:
-            return value
-        store = dist.distributed_c10d._get_default_store()
-        generation = store.add(f"serialized_restore/auto/generation/{self.trainer.global_rank}", 1)
-        key = f"serialized_restore/auto/{generation}/{self.trainer.node_rank}"
-        if self.trainer.local_rank == 0:
-            store.set(key, value)
-            return value
-        store.wait([key], timedelta(seconds=self._options.turn_timeout))
-        return bytes(store.get(key)).decode()
+        return int(k)
 
     def _make_schedule(self, checkpoint_path: Any, max_concurrent: int) -> TurnSchedule:
         strategy = self.trainer.strategy

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import traceback
 import zipfile
 from dataclasses import asdict, dataclass
@@ -30,15 +31,19 @@ class RankFailure:
     kind: str
     """``"exception"`` (raised on the failing rank), ``"died"`` (its process exited), ``"unresponsive"`` (no
     heartbeat), ``"timeout"`` (its turn, or the wait for it, took longer than the turn timeout) or ``"store lost"``
-    (the process hosting the process group's store is gone)."""
+    (the process hosting the process group's store is gone); ``"malformed report"`` for a record in the store that
+    could not be read (``global_rank`` is then -1)."""
     message: str
     traceback: str = ""
     reported_by: Optional[int] = None
     """The rank that noticed the failure, when it is not the failing rank."""
+    error_types: tuple[str, ...] = ()
+    """For ``kind="exception"``: the exception's class and its bases as ``"module:qualname"``, most derived first, so
+    that every rank can raise an error of the same type (:func:`restore_error`)."""
 
     def describe(self) -> str:
         """The failure as one item of :class:`CheckpointRestoreError`'s message."""
-        where = f"rank {self.global_rank}"
+        where = f"rank {self.global_rank}" if self.global_rank >= 0 else "an unknown rank"
         if self.node_rank is not None and self.local_rank is not None:
             where += f" (node {self.node_rank}, local rank {self.local_rank})"
         seen_by = ""
@@ -54,15 +59,58 @@ class RankFailure:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> RankFailure:
-        return cls(**json.loads(text))
+    def from_json(cls, text: Any) -> RankFailure:
+        """Parse a record written by :meth:`to_json`; ``ValueError`` naming what is wrong for anything else.
+
+        Records come from the job's store, which any process that can reach it may write to: they are plain JSON,
+        checked field by field, never unpickled or evaluated.
+        """
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError, UnicodeDecodeError) as err:
+            raise ValueError(f"not JSON ({err})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+        unknown = sorted(set(data) - set(_FIELDS))
+        missing = sorted(name for name in _REQUIRED if name not in data)
+        if unknown or missing:
+            raise ValueError(f"unknown fields {unknown}, missing fields {missing}")
+        for name, value in data.items():
+            expected = _FIELDS[name]
+            if name == "error_types":
+                if not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
+                    raise ValueError("'error_types' is not a list of strings")
+                data[name] = tuple(value)
+            elif not (isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)):
+                if not (value is None and name in _OPTIONAL):
+                    raise ValueError(f"{name!r} is {type(value).__name__}, not {expected.__name__}")
+        return cls(**data)
 
 
-class CheckpointRestoreError(RuntimeError):
-    """A serialized checkpoint restore failed on at least one rank.
+_FIELDS: dict[str, type] = {
+    "global_rank": int,
+    "node_rank": int,
+    "local_rank": int,
+    "stage": str,
+    "kind": str,
+    "message": str,
+    "traceback": str,
+    "reported_by": int,
+    "error_types": list,
+}
+_REQUIRED = ("global_rank", "stage", "kind", "message")
+_OPTIONAL = ("node_rank", "local_rank", "reported_by")
 
-    Raised on every rank of the job with the same message: the failing rank(s), the checkpoint path, the stage and
-    the original error with its traceback. On the rank where an exception happened it is chained as ``__cause__``.
+
+class CheckpointRestoreError(Exception):
+    """A serialized checkpoint restore failed on at least one rank of a multi-process job.
+
+    Every rank of the job raises one, with the same message: the failing rank(s), the checkpoint path, the stage and
+    the original error with its traceback. What is raised is always a subclass made by :func:`restore_error` that
+    also derives from the type of the original exception (``FileNotFoundError``, ``KeyError``, a user's own class, ...),
+    so that ``except FileNotFoundError`` catches it on every rank as it catches upstream's error; ``RuntimeError``
+    when no rank raised (a rank died, hung, or the store was lost). On the rank where an exception happened, that
+    exception is chained as ``__cause__``. A single process raises the original exception itself, unwrapped.
     """
 
     def __init__(self, checkpoint_path: str, failures: list[RankFailure], observed_on: int) -> None:
@@ -72,24 +120,113 @@ class CheckpointRestoreError(RuntimeError):
         ranks = ", ".join(str(r) for r in self.failed_ranks) or "unknown"
         stages = ", ".join(dict.fromkeys(repr(f.stage) for f in self.failures)) or "unknown"
         details = "\n".join(f"- {f.describe()}" for f in self.failures)
-        super().__init__(
+        self.message = (
             f"Serialized restore of checkpoint {checkpoint_path!r} failed on rank(s) {ranks} in stage {stages}"
             f" (reported on rank {observed_on}):\n{details}"
         )
+        # BaseException's own __init__: the original type's may take other arguments (OSError, a user's class)
+        Exception.__init__(self, self.message)
+
+    def __str__(self) -> str:
+        # the original type's __str__ may format differently (KeyError quotes its argument)
+        return self.message
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # the default would call __init__ with the message only
-        return type(self), (self.checkpoint_path, list(self.failures), self.observed_on)
+        # the default would call __init__ with the message only; the class itself is rebuilt from its bases
+        bases = tuple(b for b in type(self).__bases__ if b is not CheckpointRestoreError)
+        return _rebuild, (bases, self.checkpoint_path, list(self.failures), self.observed_on)
 
     @property
     def failed_ranks(self) -> list[int]:
         """The ranks that failed, in increasing order, each once."""
-        return list(dict.fromkeys(f.global_rank for f in self.failures))
+        return list(dict.fromkeys(f.global_rank for f in self.failures if f.global_rank >= 0))
 
     @property
     def stage(self) -> str:
         """The stage of the first failure."""
         return self.failures[0].stage if self.failures else ""
+
+
+def restore_error(
+    checkpoint_path: str,
+    failures: list[RankFailure],
+    observed_on: int,
+    own: Optional[BaseException] = None,
+) -> CheckpointRestoreError:
+    """The error a rank raises once a serialized restore failed: a :class:`CheckpointRestoreError` that is also an
+    instance of every original exception type among ``failures`` (in rank order) that this process can name.
+
+    ``own`` is this rank's own exception, if it raised: its type is used as is (it may not be importable by name).
+    Types are looked up only among modules this process has already imported; nothing is imported or evaluated.
+    """
+    merged = _merge(failures)
+    bases: list[type[BaseException]] = []
+    for failure in merged:
+        if failure.kind != "exception":
+            continue
+        if own is not None and failure.global_rank == observed_on and failure.reported_by is None:
+            cls: Optional[type[BaseException]] = type(own)
+        else:
+            cls = _resolve(failure.error_types)
+        if cls is not None and issubclass(cls, Exception) and not issubclass(cls, CheckpointRestoreError):
+            if cls not in bases:
+                bases.append(cls)
+    return _rebuild(tuple(bases), checkpoint_path, merged, observed_on)
+
+
+def _rebuild(
+    bases: tuple[type[BaseException], ...], checkpoint_path: str, failures: list[RankFailure], observed_on: int
+) -> CheckpointRestoreError:
+    return error_class(bases)(checkpoint_path, failures, observed_on)
+
+
+_ERROR_CLASSES: dict[tuple[type[BaseException], ...], type[CheckpointRestoreError]] = {}
+
+
+def error_class(bases: tuple[type[BaseException], ...]) -> type[CheckpointRestoreError]:
+    """The :class:`CheckpointRestoreError` subclass that also derives from ``bases`` (``RuntimeError`` if none), built
+    once per process. Bases that cannot be combined (incompatible layouts, classes closed to subclassing) are dropped
+    from the end until they can; the first one alone, then ``RuntimeError``, is the last resort."""
+    bases = tuple(bases) or (RuntimeError,)
+    cls = _ERROR_CLASSES.get(bases)
+    if cls is not None:
+        return cls
+    for candidate in [bases[:n] for n in range(len(bases), 0, -1)] + [(RuntimeError,)]:
+        name = f"CheckpointRestoreError[{', '.join(b.__name__ for b in candidate)}]"
+        try:
+            cls = type(name, (CheckpointRestoreError, *candidate), {"__module__": __name__, "__qualname__": name})
+        except TypeError:
+            continue
+        break
+    assert cls is not None  # (CheckpointRestoreError, RuntimeError) always combines
+    _ERROR_CLASSES[bases] = cls
+    return cls
+
+
+def _type_names(cls: type) -> tuple[str, ...]:
+    """``"module:qualname"`` of ``cls`` and its bases below ``Exception``, most derived first."""
+    return tuple(
+        f"{c.__module__}:{c.__qualname__}"
+        for c in cls.__mro__
+        if issubclass(c, BaseException) and c not in (BaseException, Exception)
+    )
+
+
+def _resolve(names: tuple[str, ...]) -> Optional[type[BaseException]]:
+    """The first of ``names`` that names an exception class in a module this process has already imported."""
+    for name in names:
+        module_name, _, qualname = name.partition(":")
+        module = sys.modules.get(module_name)
+        if module is None or not qualname or "<" in qualname:
+            continue
+        obj: Any = module
+        for part in qualname.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            return obj
+    return None
 
 
 def _merge(failures: list[RankFailure]) -> list[RankFailure]:
@@ -108,6 +245,23 @@ def _merge(failures: list[RankFailure]) -> list[RankFailure]:
 def _preference(failure: RankFailure) -> tuple[int, int]:
     own = failure.reported_by is None or failure.reported_by == failure.global_rank
     return (0 if own else 1, failure.reported_by if failure.reported_by is not None else -1)
+
+
+def malformed_report(stage: str, record: str, problem: BaseException) -> RankFailure:
+    """The failure to report for a record in the store that is not one this package wrote."""
+    shown = record if len(record) <= 200 else record[:200] + "..."
+    return RankFailure(
+        global_rank=-1,
+        node_rank=None,
+        local_rank=None,
+        stage=stage,
+        kind="malformed report",
+        message=(
+            f"a failure record in the job's store could not be read ({problem}): {shown!r}. Another rank reported a"
+            " failure, but its record was damaged or was not written by serialized_restore (any process that can"
+            " reach the job's TCPStore can write to it)."
+        ),
+    )
 
 
 # small archive members worth a checksum test when a load failed: the pickle and torch's format records
@@ -131,6 +285,7 @@ def failure_from_exception(rank: Any, stage: str, err: BaseException, checkpoint
         kind="exception",
         message=message,
         traceback="".join(traceback.format_exception(type(err), err, err.__traceback__)),
+        error_types=_type_names(type(err)),
     )
 
 

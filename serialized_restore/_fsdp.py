@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from serialized_restore._errors import CheckpointRestoreError, RankFailure, failure_from_exception
+from serialized_restore._errors import RankFailure, failure_from_exception, restore_error
 from serialized_restore._flavour import flavour_of
 from serialized_restore._readers import load_mmap, local_path, path_unmappable_reason
 
@@ -106,7 +106,10 @@ def _keyed_by_name(state: dict[str, Any], model: Any) -> dict[str, Any]:
 
 
 def _raise_if_any_failed(strategy: Any, path: Any, raised: Optional[Exception]) -> None:
-    """(all ranks) If any rank failed, raise the same :class:`CheckpointRestoreError` on every rank."""
+    """(all ranks) If any rank failed, raise the same error on every rank (:func:`restore_error`); a single
+    process raises its own exception unchanged."""
+    if raised is not None and not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        raise raised
     mine = None
     if raised is not None:
         mine = failure_from_exception(strategy, STAGE_PREPARE_OPTIMIZER_STATE, raised, str(path)).to_json()
@@ -116,4 +119,4 @@ def _raise_if_any_failed(strategy: Any, path: Any, raised: Optional[Exception]) 
         dist.all_gather_object(gathered, mine)
     failures = [RankFailure.from_json(text) for text in gathered if text]
     if failures:
-        raise CheckpointRestoreError(str(path), failures, observed_on=strategy.global_rank) from raised
+        raise restore_error(str(path), failures, strategy.global_rank, raised) from raised

@@ -36,9 +36,28 @@ class SerializedRestoreTrainerMixin:
             raise
 
     def _disable_checkpoint_callbacks(self) -> None:
-        """Keep checkpoint callbacks from saving a half-restored model when Lightning handles the exception."""
-        checkpoint_cls = flavour_of(self).import_("callbacks", "Checkpoint")
-        disabled = [cb for cb in self.callbacks if isinstance(cb, checkpoint_cls)]  # type: ignore[has-type]
+        """Keep checkpoint callbacks from saving a half-restored model when Lightning handles the exception.
+
+        Only the callbacks that can save in ``on_exception`` are removed (a ``ModelCheckpoint`` with
+        ``save_on_exception=True``, or a checkpoint callback that overrides ``on_exception``): for all others, and so
+        by default, nothing a user can observe changes.
+        """
+        flavour = flavour_of(self)
+        checkpoint_cls = flavour.import_("callbacks", "Checkpoint")
+        model_checkpoint_cls = flavour.import_("callbacks", "ModelCheckpoint")
+        callback_cls = flavour.import_("callbacks", "Callback")
+
+        def saves_on_exception(cb: Any) -> bool:
+            own = type(cb).on_exception
+            if own is callback_cls.on_exception:
+                return False
+            if own is model_checkpoint_cls.on_exception:
+                return bool(getattr(cb, "save_on_exception", False))
+            return True
+
+        disabled = [
+            cb for cb in self.callbacks if isinstance(cb, checkpoint_cls) and saves_on_exception(cb)  # type: ignore[has-type]
+        ]
         if not disabled:
             return
         self.callbacks = [cb for cb in self.callbacks if cb not in disabled]  # type: ignore[has-type]

@@ -40,7 +40,14 @@ from typing import Callable, Optional
 
 import torch.distributed as dist
 
-from serialized_restore._errors import GONE_KINDS, CheckpointRestoreError, RankFailure, failure_from_exception
+from serialized_restore._errors import (
+    GONE_KINDS,
+    CheckpointRestoreError,
+    RankFailure,
+    failure_from_exception,
+    malformed_report,
+    restore_error,
+)
 from serialized_restore._options import HEARTBEAT_TIMEOUT_ENV, TURN_TIMEOUT_ENV
 
 log = logging.getLogger(__name__)
@@ -91,8 +98,7 @@ class TurnSchedule:
     every rank of the job has ended the stage, so the next stage (which may run collectives, like DDP's parameter
     broadcast in ``strategy.setup``) starts with everyone present.
 
-    With ``store=None`` (a single process) the body simply runs, and an exception in it is raised as a
-    :class:`CheckpointRestoreError` all the same.
+    With ``store=None`` (a single process) the body simply runs, and an exception in it propagates unchanged.
     """
 
     def __init__(
@@ -129,13 +135,8 @@ class TurnSchedule:
         if self._job_store is None:
             self.log.info(f"[rank {self.placement.global_rank}] serialized restore: turn for {stage!r} started")
             start = time.monotonic()
-            try:
-                yield record
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as err:
-                failure = self._failure_from_exception(stage, err)
-                raise CheckpointRestoreError(self.checkpoint_path, [failure], self.placement.global_rank) from err
+            # nothing to coordinate: an exception in the body is raised as it is, exactly as upstream raises it
+            yield record
             record.duration = time.monotonic() - start
             self._log_turn_end(record)
             return
@@ -175,7 +176,7 @@ class TurnSchedule:
                 raise
             except BaseException as err:
                 watcher.leave_turn()
-                raise self._abort(keys, watcher, [self._failure_from_exception(stage, err)]) from err
+                raise self._abort(keys, watcher, [self._failure_from_exception(stage, err)], err) from err
             watcher.leave_turn()
             record.duration = time.monotonic() - started
             try:
@@ -192,6 +193,26 @@ class TurnSchedule:
                 raise self._store_lost(keys, watcher, [], err) from err.__cause__
         finally:
             watcher.stop()
+
+    def decide_per_node(self, stage: str, decide: Callable[[], str]) -> str:
+        """(all ranks) Local rank 0 of each node runs ``decide()`` in its turn of ``stage``; every rank of the node
+        returns that value.
+
+        The other ranks wait for it as for a turn, so local rank 0 dying, hanging or raising before it decides ends
+        the wait on every rank of the job, within the bounds of a turn, with the same error. Build the schedule with
+        ``max_concurrent`` equal to the local world size so that nobody waits for the non-deciding ranks' empty turns.
+        The value is plain text (JSON where it has structure): it is read back from the store, never evaluated.
+        """
+        p = self.placement
+        value: Optional[str] = None
+        with self.turn(stage):
+            if p.local_rank == 0:
+                value = decide()
+                if self._store is not None:
+                    self._set(_StageKeys(stage).decision(p.node_rank), value)
+        if value is None:
+            value = self._get(_StageKeys(stage).decision(p.node_rank))
+        return value
 
     def _open_namespace(self) -> None:
         """(all ranks, first turn of a restore) Take this restore's own key namespace in the store.
@@ -276,9 +297,11 @@ class TurnSchedule:
             raw = self._store.get(keys.reports)
         except Exception as err:
             raise _StoreLost(str(err)) from err
-        return _parse_reports(raw)
+        return _parse_reports(raw, keys.stage)
 
-    def _abort(self, keys: _StageKeys, watcher: _Watcher, own: list[RankFailure]) -> CheckpointRestoreError:
+    def _abort(
+        self, keys: _StageKeys, watcher: _Watcher, own: list[RankFailure], raised: Optional[BaseException] = None
+    ) -> CheckpointRestoreError:
         """Gather every rank's failures and build the error this rank raises.
 
         (all ranks, once a failure is known) post own failures -> acknowledge -> wait until every other rank has
@@ -294,8 +317,8 @@ class TurnSchedule:
             self._set(keys.read(p.global_rank), "1")
             self._linger(keys, failures)
         except _StoreLost as err:
-            return self._store_lost(keys, watcher, own, err)
-        return CheckpointRestoreError(self.checkpoint_path, failures + own, p.global_rank)
+            return self._store_lost(keys, watcher, own, err, raised)
+        return restore_error(self.checkpoint_path, failures + own, p.global_rank, raised)
 
     def _gather(self, keys: _StageKeys) -> list[RankFailure]:
         p = self.placement
@@ -413,14 +436,19 @@ class TurnSchedule:
         return failures
 
     def _store_lost(
-        self, keys: _StageKeys, watcher: Optional[_Watcher], own: list[RankFailure], err: BaseException
+        self,
+        keys: _StageKeys,
+        watcher: Optional[_Watcher],
+        own: list[RankFailure],
+        err: BaseException,
+        raised: Optional[BaseException] = None,
     ) -> CheckpointRestoreError:
         """The error to raise once the store is gone: what the watcher saw before, this rank's own failures, and the
         loss of the store itself when nothing else explains it."""
         failures = (watcher.reports() if watcher is not None else []) + own
         if not failures:
             failures = [self._store_lost_failure(keys.stage, err)]
-        return CheckpointRestoreError(self.checkpoint_path, failures, self.placement.global_rank)
+        return restore_error(self.checkpoint_path, failures, self.placement.global_rank, raised)
 
     def _store_lost_failure(self, stage: str, err: BaseException) -> RankFailure:
         p = self.placement
@@ -688,8 +716,17 @@ def _in_torch_distributed(filename: str) -> bool:
     return f"torch{os.sep}distributed{os.sep}" in filename or "torch/distributed/" in filename
 
 
-def _parse_reports(raw: bytes) -> list[RankFailure]:
-    return [RankFailure.from_json(line) for line in raw.decode().splitlines() if line.strip()]
+def _parse_reports(raw: bytes, stage: str) -> list[RankFailure]:
+    """The failure records of a stage; a record that is not one of ours becomes a failure that says so."""
+    failures = []
+    for line in raw.decode(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            failures.append(RankFailure.from_json(line))
+        except ValueError as err:
+            failures.append(malformed_report(stage, line, err))
+    return failures
 
 
 class _StageKeys:
@@ -716,6 +753,9 @@ class _StageKeys:
 
     def where(self, node: int, local: int) -> str:
         return f"{self._p}where/{node}/{local}"
+
+    def decision(self, node: int) -> str:
+        return f"{self._p}decision/{node}"
 
     def node_progress(self, node: int) -> str:
         return f"{self._p}progress/{node}"
@@ -786,7 +826,7 @@ class _Watcher:
                         self._store.set(keys.where(p.node_rank, p.local_rank), where.to_json())
                 failures = int(self._store.add(keys.failures, 0))
                 if failures > self._seen_failures:
-                    reports = _parse_reports(self._store.get(keys.reports))
+                    reports = _parse_reports(self._store.get(keys.reports), keys.stage)
                     with self._lock:
                         self._reports, self._seen_failures = reports, failures
                     if self._turn_started is not None:

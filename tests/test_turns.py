@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from serialized_restore import CheckpointRestoreError, RankFailure
+from serialized_restore._errors import restore_error
 from serialized_restore._options import HEARTBEAT_TIMEOUT_ENV, TURN_TIMEOUT_ENV
 from serialized_restore._turns import RankPlacement, TurnSchedule
 
@@ -316,8 +317,8 @@ def test_a_rank_that_never_arrives_times_out(tmp_path):
     assert outcome["elapsed"] < 5.0
 
 
-def test_a_single_process_raises_the_same_error_type():
-    """Without a store (one process) an exception in the turn is a CheckpointRestoreError chained to the original."""
+def test_a_single_process_raises_the_original_exception():
+    """Without a store (one process) nothing is coordinated: the body's exception propagates unchanged, as upstream."""
     schedule = TurnSchedule(
         store=None,
         placement=RankPlacement(0, 1, 0, 0, 1),
@@ -326,23 +327,24 @@ def test_a_single_process_raises_the_same_error_type():
         turn_timeout=1.0,
         heartbeat_timeout=1.0,
     )
-    with pytest.raises(CheckpointRestoreError) as info:
+    original = KeyError("state_dict")
+    with pytest.raises(KeyError) as info:
         with schedule.turn(STAGES[0]):
-            raise KeyError("state_dict")
-    assert isinstance(info.value.__cause__, KeyError)
-    assert info.value.failed_ranks == [0] and info.value.stage == STAGES[0]
-    assert f"Serialized restore of checkpoint {CKPT!r} failed on rank(s) 0 in stage {STAGES[0]!r}" in str(info.value)
-    assert "KeyError: 'state_dict'" in str(info.value)
+            raise original
+    assert info.value is original and not isinstance(info.value, CheckpointRestoreError)
 
 
 def test_error_merges_duplicate_reports_and_survives_pickling():
-    """Several ranks reporting the same dead rank give one entry; the error pickles with its failures."""
+    """Several ranks reporting the same dead rank give one entry; the error pickles with its failures and its type."""
     died = [RankFailure(2, 0, 2, STAGES[0], "died", "its process exited", reported_by=r) for r in (1, 0, 3)]
-    own = RankFailure(1, 0, 1, STAGES[0], "exception", "OSError: disk", traceback="Traceback ...")
-    err = CheckpointRestoreError(CKPT, [*died, own], observed_on=0)
+    own = RankFailure(
+        1, 0, 1, STAGES[0], "exception", "OSError: disk", traceback="Traceback ...", error_types=("builtins:OSError",)
+    )
+    err = restore_error(CKPT, [*died, own], observed_on=0)
+    assert isinstance(err, CheckpointRestoreError) and isinstance(err, OSError)
     assert err.failed_ranks == [1, 2]
     assert [f.reported_by for f in err.failures] == [None, 0]
     assert ", reported by rank 0: its process exited" in str(err)
     clone = pickle.loads(pickle.dumps(err))
-    assert str(clone) == str(err) and clone.failures == err.failures
+    assert type(clone) is type(err) and str(clone) == str(err) and clone.failures == err.failures
     assert RankFailure.from_json(own.to_json()) == own
