@@ -92,6 +92,8 @@ class _SerializedCheckpointConnectorMixin:
             return
         self._weights_only = weights_only
         self.restore_incomplete = True
+        # as upstream's resume_start does first, also on a rank whose turn never comes because another rank failed
+        self._ckpt_path = checkpoint_path
         try:
             if is_remote(checkpoint_path):
                 self._fetch(self._make_schedule(checkpoint_path, 1), checkpoint_path)

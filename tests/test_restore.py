@@ -284,4 +284,6 @@ def test_auto_refuses_before_starting_when_one_turn_does_not_fit(tmp_path: Path,
     for rank, error in result.errors.items():
         assert error["type"] == "MemoryError", f"rank {rank}"
         assert "not even one rank of node 0" in error["message"] and "GiB available" in error["message"]
-    assert "turn for" not in result.output
+    # only local rank 0's decision ran (its own stage); no rank started reading the checkpoint
+    assert "turn for 'plan restore' ended" in result.output
+    assert "turn for 'restore modules and callbacks'" not in result.output

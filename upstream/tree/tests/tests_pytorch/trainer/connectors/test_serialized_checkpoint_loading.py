@@ -191,16 +191,19 @@ def test_serialized_checkpoint_loading_auto_refuses_when_no_turn_fits(tmp_path, 
         trainer.validate(_AdamModel(), ckpt_path=ckpt_path)
 
 
-def test_serialized_checkpoint_loading_failure_names_the_checkpoint(tmp_path):
-    """A checkpoint that cannot be read raises `CheckpointRestoreError`, naming the file and what is wrong with it."""
+def test_serialized_checkpoint_loading_single_process_raises_the_default_restores_error(tmp_path):
+    """In one process a failed restore raises exactly what the default restore raises: same type, same message."""
     ckpt_path = _first_epoch_checkpoint(tmp_path)
     with open(ckpt_path, "r+b") as f:
         f.truncate(100)
-    trainer = _trainer(tmp_path, serialized_checkpoint_loading=True)
-    with pytest.raises(CheckpointRestoreError, match="truncated or damaged") as info:
-        trainer.validate(_AdamModel(), ckpt_path=ckpt_path)
-    assert info.value.checkpoint_path == ckpt_path
-    assert info.value.failed_ranks == [0]
+    raised = []
+    for serialized in (False, True):
+        trainer = _trainer(tmp_path, serialized_checkpoint_loading=serialized)
+        with pytest.raises(RuntimeError, match="failed finding central directory") as info:
+            trainer.validate(_AdamModel(), ckpt_path=ckpt_path)
+        raised.append((type(info.value), str(info.value)))
+    assert raised[0] == raised[1]
+    assert not issubclass(raised[1][0], CheckpointRestoreError)
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="gloo process groups on CPU")
