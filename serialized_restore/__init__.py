@@ -2,17 +2,19 @@
 
 ``from serialized_restore import Trainer`` gives the ``pytorch_lightning`` flavour;
 ``from serialized_restore.lightning import Trainer`` gives the ``lightning.pytorch`` one. Both are the upstream
-``Trainer`` plus one argument, ``serialized_checkpoint_loading``. ``MmapCheckpointIO`` is a ``CheckpointIO`` plugin
+``Trainer`` plus one argument, ``serialized_checkpoint_loading`` (``True``, a positive int, ``"auto"`` or a
+:class:`SerializedLoading` holding every setting). ``MmapCheckpointIO`` is a ``CheckpointIO`` plugin
 that loads local checkpoints memory-mapped, in the same two flavours.
 """
 
 from typing import Any
 
 from serialized_restore._errors import CheckpointRestoreError, RankFailure
+from serialized_restore._options import SerializedLoading
 
 __version__ = "0.1.0"
 
-__all__ = ["CheckpointRestoreError", "MmapCheckpointIO", "RankFailure", "Trainer", "__version__"]
+__all__ = ["CheckpointRestoreError", "MmapCheckpointIO", "RankFailure", "SerializedLoading", "Trainer", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, SHARDED, checkpoint_kind, fsdp_strategy_class, load_full_checkpoint
 from serialized_restore._memory import plan_auto
-from serialized_restore._options import AVAILABLE_MEMORY_ENV, SerializedLoading
+from serialized_restore._options import AVAILABLE_MEMORY_ENV, RestoreOptions
 from serialized_restore._readers import clone_tensors, local_path, mmap_unsupported_reason, read_checkpoint
 from serialized_restore._remote import NodeLocalCopy, is_remote
 from serialized_restore._turns import RankPlacement, TurnSchedule
@@ -60,7 +60,7 @@ class _SerializedCheckpointConnectorMixin:
     _loaded_checkpoint: dict[str, Any]
     _ckpt_path: Any
 
-    def __init__(self, trainer: Any, options: SerializedLoading) -> None:
+    def __init__(self, trainer: Any, options: RestoreOptions) -> None:
         super().__init__(trainer)  # type: ignore[call-arg]
         self._options = options
         self._schedule: Optional[TurnSchedule] = None

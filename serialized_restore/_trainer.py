@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Union
+import functools
+import inspect
+import typing
+from typing import Any, Callable, ClassVar, Literal, Union
 
 from serialized_restore._flavour import flavour_of
-from serialized_restore._options import SerializedLoading
+from serialized_restore._options import RestoreOptions, SerializedLoading
+
+try:  # LightningCLI's parser: with it, bad values are refused at parse time with a usage error
+    from jsonargparse.typing import PositiveInt
+except ImportError:  # pragma: no cover - jsonargparse is optional, as in Lightning
+    PositiveInt = int  # type: ignore[misc, assignment]
+
+SerializedCheckpointLoading = Union[bool, PositiveInt, Literal["auto"], SerializedLoading]
+"""The type of ``Trainer(serialized_checkpoint_loading=...)``."""
+
+_PARAMETER = "serialized_checkpoint_loading"
 
 
 class SerializedRestoreTrainerMixin:
@@ -15,17 +28,23 @@ class SerializedRestoreTrainerMixin:
         serialized_checkpoint_loading: ``False`` (default) restores exactly as upstream. ``True``: the local ranks
             of each node restore one at a time, nodes in parallel, each freeing what it no longer needs as soon as
             it is restored. A positive int ``k``: at most ``k`` local ranks of a node restore at once. ``"auto"``:
-            ``k`` is chosen per node from the memory available when the restore starts.
+            ``k`` is chosen per node from the memory available when the restore starts. A
+            :class:`~serialized_restore.SerializedLoading` sets every setting in one typed object.
     """
 
     # the flavour's connector class; set by each flavour module (a module-level class, so ``ddp_spawn`` can pickle it)
     _connector_class: ClassVar[type]
 
-    def __init__(self, *args: Any, serialized_checkpoint_loading: Union[bool, int, str] = False, **kwargs: Any) -> None:
-        options = SerializedLoading.parse(serialized_checkpoint_loading)
+    def __init__(self, *args: Any, serialized_checkpoint_loading: SerializedCheckpointLoading = False, **kwargs: Any) -> None:
+        options = RestoreOptions.parse(serialized_checkpoint_loading)
         super().__init__(*args, **kwargs)
         self._checkpoint_connector = self._connector_class(self, options)
         self._serialized_loading = options
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" not in cls.__dict__:
+            cls.__init__ = _with_upstream_signature(cls)  # type: ignore[misc]
 
     def _run(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -67,6 +86,30 @@ class SerializedRestoreTrainerMixin:
         )
 
     @property
-    def serialized_checkpoint_loading(self) -> Union[bool, int, str]:
-        """The value the Trainer was built with."""
+    def serialized_checkpoint_loading(self) -> SerializedCheckpointLoading:
+        """The value the Trainer was built with, as given."""
         return self._serialized_loading.value  # type: ignore[return-value]
+
+
+def _with_upstream_signature(cls: type) -> Callable[..., None]:
+    """An ``__init__`` for a flavour's ``Trainer`` whose signature is upstream's parameters plus ours, so that
+    ``inspect.signature``, IDEs, ``--help`` and LightningCLI see every argument with its type."""
+    upstream = next(b for b in cls.__mro__[1:] if "__init__" in b.__dict__ and b is not SerializedRestoreTrainerMixin)
+    mixin_init = SerializedRestoreTrainerMixin.__init__
+
+    @functools.wraps(upstream.__init__)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        mixin_init(self, *args, **kwargs)
+
+    hints = typing.get_type_hints(upstream.__init__)
+    signature = inspect.signature(upstream.__init__)
+    ours = inspect.Parameter(
+        _PARAMETER, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=SerializedCheckpointLoading
+    )
+    parameters = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in signature.parameters.values()]
+    # upstream takes keyword arguments only, after `self`; ours goes last
+    __init__.__signature__ = signature.replace(parameters=[*parameters, ours])  # type: ignore[attr-defined]
+    __init__.__annotations__ = {**hints, _PARAMETER: SerializedCheckpointLoading}
+    __init__.__doc__ = (upstream.__init__.__doc__ or "") + "\n\n" + (SerializedRestoreTrainerMixin.__doc__ or "")
+    del __init__.__wrapped__  # type: ignore[attr-defined]  # the signature is the one set above, not upstream's
+    return __init__

@@ -7,21 +7,22 @@ import pytest
 
 from serialized_restore import Trainer
 from serialized_restore._memory import SAFETY_MARGIN, plan_auto
-from serialized_restore._options import SerializedLoading
+from serialized_restore import SerializedLoading
+from serialized_restore._options import ENVIRONMENT_OVERRIDES, RestoreOptions
 from serialized_restore.lightning import Trainer as UnifiedTrainer
 
 
 @pytest.mark.parametrize(("value", "expected"), [(False, None), (True, 1), (1, 1), (2, 2), (64, 64), (np.int64(3), 3)])
 def test_accepted_values(value: object, expected: object) -> None:
     """False turns the option off, True means one rank at a time, a positive int bounds concurrent ranks."""
-    parsed = SerializedLoading.parse(value)
+    parsed = RestoreOptions.parse(value)
     assert parsed.max_concurrent == expected
     assert parsed.enabled is (value is not False) and not parsed.auto
 
 
 def test_auto_is_accepted() -> None:
     """ "auto" turns the option on with k chosen at restore time."""
-    parsed = SerializedLoading.parse("auto")
+    parsed = RestoreOptions.parse("auto")
     assert parsed.enabled and parsed.auto and parsed.max_concurrent is None
 
 
@@ -32,7 +33,7 @@ def test_rejected_values_raise_at_construction(value: object) -> None:
         with pytest.raises(ValueError) as info:
             trainer_cls(serialized_checkpoint_loading=value, logger=False)
         assert f"serialized_checkpoint_loading={value!r}" in str(info.value)
-        assert "positive int" in str(info.value)
+        assert "positive int" in str(info.value) and "SerializedLoading" in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -56,12 +57,12 @@ def test_bad_environment_settings_raise(monkeypatch: pytest.MonkeyPatch, name: s
 
 def test_environment_settings_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     """Timeouts and reader come from the environment, with documented defaults."""
-    defaults = SerializedLoading.parse(True)
+    defaults = RestoreOptions.parse(True)
     assert (defaults.turn_timeout, defaults.heartbeat_timeout, defaults.reader) == (1800.0, 60.0, "auto")
     monkeypatch.setenv("SERIALIZED_RESTORE_TURN_TIMEOUT", "12.5")
     monkeypatch.setenv("SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT", "3")
     monkeypatch.setenv("SERIALIZED_RESTORE_READER", "Eager")
-    parsed = SerializedLoading.parse(2)
+    parsed = RestoreOptions.parse(2)
     assert (parsed.turn_timeout, parsed.heartbeat_timeout, parsed.reader) == (12.5, 3.0, "eager")
 
 
@@ -97,3 +98,68 @@ def test_auto_plan_from_injected_available_memory(
     assert plan.max_concurrent == expected
     assert plan.available == available and plan.available_source == "SERIALIZED_RESTORE_AVAILABLE_MEMORY"
     assert f"{SAFETY_MARGIN:.0%} kept as margin" in plan.describe()
+
+
+def test_settings_object_is_accepted_and_returned_as_given() -> None:
+    """`SerializedLoading(...)` sets everything in one typed object; the Trainer reports it back unchanged."""
+    settings = SerializedLoading(max_concurrent=2, reader="eager", turn_timeout=600, heartbeat_timeout=5, tmpdir="/d")
+    trainer = Trainer(serialized_checkpoint_loading=settings, logger=False)
+    assert trainer.serialized_checkpoint_loading is settings
+    parsed = RestoreOptions.parse(settings)
+    assert (parsed.max_concurrent, parsed.reader, parsed.turn_timeout, parsed.heartbeat_timeout, parsed.tmpdir) == (
+        2, "eager", 600.0, 5.0, "/d"
+    )  # fmt: skip
+    auto = RestoreOptions.parse(SerializedLoading(max_concurrent="auto"))
+    assert auto.auto and auto.enabled and auto.max_concurrent is None
+    # the shorthands mean the object with that field
+    assert RestoreOptions.parse(True) == RestoreOptions.parse(SerializedLoading()).__class__(
+        value=True, max_concurrent=1
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fragment"),
+    [
+        ("max_concurrent", 0, "expected a positive int or 'auto'"),
+        ("max_concurrent", "AUTO", "expected a positive int or 'auto'"),
+        ("max_concurrent", True, "expected a positive int or 'auto'"),
+        ("reader", "lazy", "expected one of auto, mmap, eager"),
+        ("turn_timeout", 0, "expected a positive number of seconds"),
+        ("heartbeat_timeout", "60", "expected a positive number of seconds"),
+        ("tmpdir", 3, "expected a directory path or None"),
+    ],
+)
+def test_settings_object_refuses_bad_fields(field: str, value: object, fragment: str) -> None:
+    """Each field is checked when the object is built, and the error names the field and its value."""
+    with pytest.raises(ValueError, match=fragment) as info:
+        SerializedLoading(**{field: value})
+    assert f"SerializedLoading({field}={value!r})" in str(info.value)
+
+
+def test_environment_overrides_the_settings_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An environment variable, when set, wins over the field it overrides (for operators); every one is listed."""
+    settings = SerializedLoading(turn_timeout=600, reader="mmap", tmpdir="/from/code")
+    monkeypatch.setenv("SERIALIZED_RESTORE_TURN_TIMEOUT", "30")
+    monkeypatch.setenv("SERIALIZED_RESTORE_TMPDIR", "/from/env")
+    parsed = RestoreOptions.parse(settings)
+    assert (parsed.turn_timeout, parsed.reader, parsed.tmpdir) == (30.0, "mmap", "/from/env")
+    assert sorted(ENVIRONMENT_OVERRIDES) == [
+        "SERIALIZED_RESTORE_AVAILABLE_MEMORY",
+        "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT",
+        "SERIALIZED_RESTORE_READER",
+        "SERIALIZED_RESTORE_TMPDIR",
+        "SERIALIZED_RESTORE_TURN_TIMEOUT",
+    ]
+
+
+@pytest.mark.parametrize("trainer_cls", [Trainer, UnifiedTrainer])
+def test_signature_is_upstreams_plus_ours(trainer_cls: type) -> None:
+    """`inspect.signature(Trainer)` lists upstream's parameters, with their types and defaults, then ours."""
+    import inspect
+
+    upstream = inspect.signature(trainer_cls.__mro__[2].__init__).parameters
+    ours = inspect.signature(trainer_cls).parameters
+    assert list(ours) == [name for name in upstream if name != "self"] + ["serialized_checkpoint_loading"]
+    assert all(ours[name].default == upstream[name].default for name in upstream if name != "self")
+    assert ours["serialized_checkpoint_loading"].default is False
+    assert ours["serialized_checkpoint_loading"].kind is inspect.Parameter.KEYWORD_ONLY

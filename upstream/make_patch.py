@@ -78,7 +78,7 @@ TRAINER_EDITS = [
     (
         "from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector\n",
         "from lightning.pytorch.trainer.connectors.serialized_restore import"
-        " SerializedLoading, _SerializedCheckpointConnector\n"
+        " RestoreOptions, _SerializedCheckpointConnector\n"
         "from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector\n",
     ),
     (
@@ -101,7 +101,7 @@ TRAINER_EDITS = [
     (
         "        self._checkpoint_connector = _CheckpointConnector(self)\n",
         "        self._checkpoint_connector = _SerializedCheckpointConnector(\n"
-        "            self, SerializedLoading.parse(serialized_checkpoint_loading)\n"
+        "            self, RestoreOptions.parse(serialized_checkpoint_loading)\n"
         "        )\n",
     ),
     (

@@ -21,7 +21,7 @@ which rank restores when, ``readers.py`` how the bytes are read.
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 from lightning.pytorch.trainer.connectors.serialized_restore.connector import _SerializedCheckpointConnectorMixin
 from lightning.pytorch.trainer.connectors.serialized_restore.errors import CheckpointRestoreError, RankFailure
-from lightning.pytorch.trainer.connectors.serialized_restore.options import SerializedLoading
+from lightning.pytorch.trainer.connectors.serialized_restore.options import RestoreOptions, SerializedLoading
 
 
 class _SerializedCheckpointConnector(_SerializedCheckpointConnectorMixin, _CheckpointConnector):
@@ -29,4 +29,10 @@ class _SerializedCheckpointConnector(_SerializedCheckpointConnectorMixin, _Check
     :class:`~lightning.pytorch.trainer.connectors.checkpoint_connector._CheckpointConnector` does."""
 
 
-__all__ = ["CheckpointRestoreError", "RankFailure", "SerializedLoading", "_SerializedCheckpointConnector"]
+__all__ = [
+    "CheckpointRestoreError",
+    "RankFailure",
+    "RestoreOptions",
+    "SerializedLoading",
+    "_SerializedCheckpointConnector",
+]

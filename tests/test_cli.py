@@ -1,0 +1,57 @@
+"""`--trainer.serialized_checkpoint_loading` through a real `LightningCLI`: typed, refused at parse time when bad."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from serialized_restore import SerializedLoading
+from serialized_restore.lightning import Trainer
+
+pytest.importorskip("jsonargparse")
+
+
+def _cli(*args: str) -> LightningCLI:
+    return LightningCLI(
+        BoringModel,
+        trainer_class=Trainer,
+        run=False,
+        save_config_callback=None,
+        args=["--trainer.accelerator=cpu", "--trainer.logger=false", "--trainer.enable_progress_bar=false", *args],
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [("true", True), ("yes", True), ("false", False), ("2", 2), ("auto", "auto")]
+)
+def test_accepted_values_from_the_command_line(given: str, expected: object) -> None:
+    """The values the Trainer accepts parse to themselves (`yes`/`no` are jsonargparse's spelling of a bool)."""
+    cli = _cli(f"--trainer.serialized_checkpoint_loading={given}")
+    got = cli.trainer.serialized_checkpoint_loading
+    assert got == expected and isinstance(got, type(expected)) and isinstance(got, bool) == isinstance(expected, bool)
+
+
+def test_settings_object_from_a_yaml_config(tmp_path: Path) -> None:
+    """A YAML config can give the settings object field by field."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "trainer:\n  serialized_checkpoint_loading:\n    max_concurrent: 2\n    reader: eager\n    turn_timeout: 600\n"
+    )
+    cli = _cli(f"--config={config}")
+    assert cli.trainer.serialized_checkpoint_loading == SerializedLoading(
+        max_concurrent=2, reader="eager", turn_timeout=600.0
+    )
+
+
+@pytest.mark.parametrize("given", ["0", "-1", "2.0", "Auto", "maybe"])
+def test_bad_values_are_refused_at_parse_time(given: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad value is a usage error naming the argument, before any Trainer is built."""
+    with pytest.raises(SystemExit) as info:
+        _cli(f"--trainer.serialized_checkpoint_loading={given}")
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert 'Parser key "trainer.serialized_checkpoint_loading"' in err and f"Given value: {given}" in err
+    assert "Traceback" not in err
