@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -8,14 +9,25 @@ for line in (here / "serialized_restore" / "__init__.py").read_text().splitlines
     if line.startswith("__version__"):
         exec(line, version)
 
+
+def long_description() -> str:
+    """The README as a package index shows it: its images and links into the repository only resolve next to the
+    files, so images are left out and such links become text naming the file (shipped in the sdist)."""
+    text = (here / "README.md").read_text(encoding="utf-8")
+    text = re.sub(r"^!\[[^\]]*\]\((?!https?://)[^)]*\)\n\n?", "", text, flags=re.MULTILINE)
+    return re.sub(r"\[([^\]]+)\]\((?!https?://|#)([^)]+)\)", r"\1 (`\2` in the source distribution)", text)
+
+
 setup(
     name="serialized_restore",
     version=version["__version__"],
     description="Resume PyTorch Lightning jobs from large checkpoints without running the host out of memory.",
-    long_description=(here / "README.md").read_text(encoding="utf-8"),
+    long_description=long_description(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["serialized_restore", "serialized_restore.*"]),
-    python_requires=">=3.9",
+    package_data={"serialized_restore": ["py.typed"]},
+    # Lightning 2.6 needs Python >= 3.10; CI tests Python 3.11 (requirements/ci.txt)
+    python_requires=">=3.10",
     # Supported: Lightning 2.6.x (both the `pytorch-lightning` and the unified `lightning` distribution).
     install_requires=[
         "torch>=2.1",
@@ -24,13 +36,25 @@ setup(
     ],
     extras_require={
         "lightning": ["lightning>=2.6.0,<2.7"],
-        "test": ["lightning>=2.6.0,<2.7", "pytest", "pytest-xdist", "pytest-timeout"],
+        "test": ["lightning>=2.6.0,<2.7", "pytest", "pytest-xdist", "pytest-timeout", "jsonargparse[signatures]"],
         "benchmark": ["lightning>=2.6.0,<2.7", "matplotlib"],
     },
     license="Apache-2.0",
+    license_files=["LICENSE"],
+    project_urls={
+        "Problem report (Lightning #8043)": "https://github.com/Lightning-AI/pytorch-lightning/issues/8043",
+        "Upstream proposal (Lightning #9406)": "https://github.com/Lightning-AI/pytorch-lightning/issues/9406",
+    },
     classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
         "Programming Language :: Python :: 3",
-        "Framework :: Pytest",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Typing :: Typed",
     ],
 )

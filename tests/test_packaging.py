@@ -1,0 +1,100 @@
+"""The package as a user installs it: a wheel and an sdist built from this tree, installed into a fresh venv."""
+
+from __future__ import annotations
+
+import email
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.timeout(600)
+
+_NOT_SOURCES = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "bench_output", "demo_output", ".*_cache")
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel and an sdist of this tree (built without network, with this environment's setuptools)."""
+    pytest.importorskip("build")
+    out = tmp_path_factory.mktemp("dist")
+    # build from a copy of the tree, so that no stale build directory leaks in and the build leaves nothing behind
+    tree = tmp_path_factory.mktemp("src") / "tree"
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
+    run = [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(tree)]
+    subprocess.run(run, check=True, capture_output=True, text=True)
+    return out
+
+
+def test_wheel_metadata_is_complete(dist: Path) -> None:
+    """License, typed marker, Python version, valid classifiers, and a description that renders on an index."""
+    trove = pytest.importorskip("trove_classifiers")
+    (wheel,) = dist.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = email.message_from_bytes(archive.read(next(n for n in names if n.endswith("/METADATA"))))
+    assert "serialized_restore/py.typed" in names
+    assert any(n.endswith("/licenses/LICENSE") for n in names)
+    assert metadata["License-Expression"] == "Apache-2.0" or metadata["License"] == "Apache-2.0"
+    assert metadata["Requires-Python"] == ">=3.10"
+    classifiers = metadata.get_all("Classifier")
+    assert classifiers and all(c in trove.classifiers for c in classifiers), classifiers
+    assert "Framework :: Pytest" not in classifiers
+    description = metadata.get_payload()
+    # no image or link that only resolves inside the repository
+    assert "](docs/" not in description and "![" not in description
+    assert "docs/benchmarks.md" in description
+
+
+def test_sdist_can_run_its_tests(dist: Path) -> None:
+    """The sdist ships the test helpers and fixtures its tests import, and what the README's commands need."""
+    (sdist,) = dist.glob("*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
+    for needed in (
+        "LICENSE",
+        "tests/conftest.py",
+        "tests/helpers/launch.py",
+        "tests/helpers/job.py",
+        "requirements/ci.txt",
+        "scripts/test.sh",
+        "scripts/env.sh",
+        "docs/failures.md",
+        "serialized_restore/py.typed",
+    ):
+        assert needed in names, needed
+    tests = {n for n in names if n.startswith("tests/test_") and n.endswith(".py")}
+    committed = {str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")}
+    assert committed <= tests, sorted(committed - tests)
+
+
+def test_wheel_installs_into_a_fresh_venv(dist: Path, tmp_path: Path) -> None:
+    """`pip install serialized_restore[lightning]` into a fresh venv: both flavours import, `pip check` is clean."""
+    (wheel,) = dist.glob("*.whl")
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+    python = str(tmp_path / "venv" / "bin" / "python")
+    # the pinned versions CI tests, as constraints (which take no extras)
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(re.sub(r"\[[^\]]*\]", "", (REPO / "requirements" / "ci.txt").read_text()))
+    install = [python, "-m", "pip", "install", "--quiet", f"{wheel}[lightning]", "-c", str(constraints)]
+    result = subprocess.run(install, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    code = (
+        "import serialized_restore, serialized_restore.lightning as u, serialized_restore.pytorch_lightning as s\n"
+        "import lightning.pytorch, pytorch_lightning\n"
+        "assert issubclass(u.Trainer, lightning.pytorch.Trainer) and issubclass(s.Trainer, pytorch_lightning.Trainer)\n"
+        "assert serialized_restore.Trainer is s.Trainer\n"
+        "print(serialized_restore.__file__)\n"
+    )
+    imported = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert imported.returncode == 0, imported.stderr[-4000:]
+    assert str(tmp_path / "venv") in imported.stdout  # the installed copy, not this tree
+    check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
