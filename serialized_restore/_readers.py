@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -96,22 +97,44 @@ class MmapCheckpointIOMixin:
     with one INFO line saying why. ``weights_only`` is passed to ``torch.load`` unchanged.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _accept_in_every_imported_flavour(type(self))
+
     def load_checkpoint(
         self,
         path: Any,
         map_location: Any = lambda storage, loc: storage,
         weights_only: Optional[bool] = None,
     ) -> dict[str, Any]:
+        # on global rank zero, through Lightning's logger: shown where Lightning's own INFO lines are
+        info = flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=True)
         if not isinstance(path, (str, os.PathLike)):
-            log.info("MmapCheckpointIO: reading a file-like object eagerly: only paths can be memory-mapped.")
+            info("MmapCheckpointIO: reading a file-like object eagerly: only paths can be memory-mapped.")
             return torch.load(path, map_location=map_location, weights_only=weights_only)
         reason = path_unmappable_reason(path)
         if reason is None:
             return load_mmap(path, map_location, weights_only)
-        log.info(f"MmapCheckpointIO: reading {path!r} eagerly instead of memory-mapped: {reason}.")
+        info(f"MmapCheckpointIO: reading {path!r} eagerly instead of memory-mapped: {reason}.")
         return super().load_checkpoint(  # type: ignore[misc]
             path, map_location=map_location, weights_only=weights_only
         )
+
+
+def _accept_in_every_imported_flavour(cls: type) -> None:
+    """Make ``cls`` a ``CheckpointIO`` of each Lightning flavour imported so far, not only of its own.
+
+    ``serialized_restore.MmapCheckpointIO`` derives from ``pytorch_lightning``'s ``TorchCheckpointIO``; given to
+    ``lightning.pytorch.Trainer(plugins=[...])`` it would be refused ("Found invalid type for plugin"), since the two
+    distributions ship separate classes. Both flavours' ``CheckpointIO`` are abstract base classes and the plugin's
+    code is the same in both, so it is registered as a virtual subclass of the other flavour's ``CheckpointIO`` (only
+    of a flavour the program has imported: a user passing it to a Trainer has imported that Trainer's flavour).
+    """
+    for fabric in ("lightning.fabric.plugins.io.checkpoint_io", "lightning_fabric.plugins.io.checkpoint_io"):
+        module = sys.modules.get(fabric)
+        base = getattr(module, "CheckpointIO", None)
+        if base is not None and not issubclass(cls, base):
+            base.register(cls)
 
 
 def read_checkpoint(
@@ -119,8 +142,8 @@ def read_checkpoint(
 ) -> LoadedCheckpoint:
     """(one rank, inside its turn) Read the whole checkpoint with the chosen reader.
 
-    ``reader`` is ``"auto"`` (mmap when possible, else eager), ``"mmap"`` (same, but the fallback is logged at INFO)
-    or ``"eager"``.
+    ``reader`` is ``"auto"`` or ``"mmap"`` (memory-mapped when possible, else eager, saying why at INFO on
+    ``logger``: the connector passes the flavour's ``<lightning>.serialized_restore`` logger) or ``"eager"``.
     """
     if reader != "eager":
         reason = mmap_unsupported_reason(strategy, path)
@@ -128,9 +151,7 @@ def read_checkpoint(
             # as TorchCheckpointIO: keep the device each tensor was saved from
             checkpoint = load_mmap(path, lambda storage, loc: storage, weights_only)
             return LoadedCheckpoint(checkpoint, "mmap", _file_size(local_path(path)))
-        (logger.info if reader == "mmap" else log.debug)(
-            f"Reading {path!r} eagerly instead of memory-mapped: {reason}."
-        )
+        logger.info(f"Reading {path!r} eagerly instead of memory-mapped: {reason}.")
     checkpoint = strategy.load_checkpoint(path, weights_only=weights_only)
     return LoadedCheckpoint(checkpoint, "eager", _file_size(local_path(path)))
 

@@ -121,7 +121,10 @@ def test_mmap_checkpoint_io_falls_back(tmp_path: Path, caplog: pytest.LogCapture
             loaded = MmapCheckpointIO().load_checkpoint(str(path), weights_only=True)
     assert torch.equal(loaded["state_dict"]["w"], saved["state_dict"]["w"])
     assert str(path) not in _mapped_files()
-    assert len([r for r in caplog.records if "MmapCheckpointIO: reading" in r.getMessage()]) == 1
+    lines = [r for r in caplog.records if "MmapCheckpointIO: reading" in r.getMessage()]
+    # through Lightning's logger, so that Lightning's default console handler shows it
+    assert len(lines) == 1 and lines[0].name.startswith(("pytorch_lightning.", "lightning_fabric."))
+    assert lines[0].levelno == logging.INFO
 
 
 def test_mmap_checkpoint_io_keeps_weights_only(tmp_path: Path) -> None:
@@ -131,3 +134,34 @@ def test_mmap_checkpoint_io_keeps_weights_only(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="weights_only"):
         MmapCheckpointIO().load_checkpoint(str(path), weights_only=True)
     assert MmapCheckpointIO().load_checkpoint(str(path), weights_only=False)["extra"].value == 3
+
+
+@pytest.mark.parametrize("trainer_flavour", ["lightning.pytorch", "pytorch_lightning"])
+@pytest.mark.parametrize("plugin_flavour", ["serialized_restore.lightning", "serialized_restore.pytorch_lightning"])
+def test_mmap_checkpoint_io_of_either_flavour_works_with_either_trainer(
+    tmp_path: Path, trainer_flavour: str, plugin_flavour: str
+) -> None:
+    """Either `MmapCheckpointIO` is accepted by either upstream Trainer, and resumes exactly as the default I/O."""
+    import importlib
+
+    trainer_cls = importlib.import_module(trainer_flavour).Trainer
+    plugin = importlib.import_module(plugin_flavour).MmapCheckpointIO()
+    boring = importlib.import_module(f"{trainer_flavour}.demos.boring_classes")
+
+    def fit(steps: int, ckpt_path: object = None, plugins: list[object] = ()) -> tuple[object, object]:
+        torch.manual_seed(0)
+        model = boring.BoringModel()
+        trainer = trainer_cls(
+            accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, default_root_dir=tmp_path, plugins=list(plugins),
+        )  # fmt: skip
+        trainer.fit(model, ckpt_path=ckpt_path)
+        return trainer, model
+
+    trainer, _ = fit(2)
+    trainer.save_checkpoint(tmp_path / "two.ckpt")
+    _, expected = fit(4, tmp_path / "two.ckpt")
+    trainer, got = fit(4, tmp_path / "two.ckpt", [plugin])
+    assert trainer.strategy.checkpoint_io is plugin
+    for (name, a), (_, b) in zip(expected.state_dict().items(), got.state_dict().items()):
+        assert torch.equal(a, b), name
