@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from serialized_restore._remote import FILE_NAME, PREFIX, NodeLocalCopy, check_fetch_directory, ensure_free_space
-from tests.conftest import run_ok
+from tests.conftest import JOB_TIMEOUT, run_ok
 from tests.helpers.launch import run_job
 from tests.test_restore import assert_training_state_equal
 
@@ -235,7 +235,7 @@ def test_truncated_download_fails_on_every_rank_and_leaves_nothing(
                     "entry": "validate",
                     "ckpt_path": server.url,
                 },
-                timeout=120,
+                timeout=JOB_TIMEOUT,
                 env=_env(fetch_dir, _free_port(), SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT="5"),
             )
     assert result.returncode != 0
@@ -263,7 +263,7 @@ def test_a_download_directory_others_can_write_to_is_refused_on_every_rank(
                 "entry": "validate",
                 "ckpt_path": server.url,
             },
-            timeout=120,
+            timeout=JOB_TIMEOUT,
             env=_env(fetch_dir, _free_port()),
         )
         assert server.requests == 0
@@ -295,7 +295,7 @@ def test_a_rank_that_refuses_the_announced_copy_ends_the_restore_on_every_rank(
                 "ckpt_path": server.url,
                 "env_by_local_rank": {str(r): {"SERIALIZED_RESTORE_TMPDIR": str(d)} for r, d in dirs.items()},
             },
-            timeout=120,
+            timeout=JOB_TIMEOUT,
             env={"SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT": "5"},
             script=PER_RANK_ENV_JOB,
         )
