@@ -38,7 +38,7 @@ from serialized_restore._fsdp import FULL, SHARDED, checkpoint_kind, fsdp_strate
 from serialized_restore._memory import plan_auto
 from serialized_restore._options import AVAILABLE_MEMORY_ENV, RestoreOptions
 from serialized_restore._readers import clone_tensors, local_path, mmap_unsupported_reason, read_checkpoint
-from serialized_restore._remote import NodeLocalCopy, is_remote
+from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
 from serialized_restore._turns import RankPlacement, TurnSchedule
 
 STAGE_FETCH = "fetch checkpoint"
@@ -96,7 +96,7 @@ class _SerializedCheckpointConnectorMixin:
         self._ckpt_path = checkpoint_path
         try:
             if is_remote(checkpoint_path):
-                self._fetch(self._make_schedule(checkpoint_path, 1), checkpoint_path)
+                self._fetch(checkpoint_path)
             schedule = self._make_schedule(checkpoint_path, self._max_concurrent(checkpoint_path))
             with schedule.turn(STAGE_MODULES) as record:
                 self._reading = _TURNS
@@ -111,15 +111,19 @@ class _SerializedCheckpointConnectorMixin:
             raise
         self._schedule = schedule
 
-    def _fetch(self, schedule: TurnSchedule, url: Any) -> None:
-        """(all ranks) Local rank 0 of each node downloads the remote checkpoint; the others wait for the stage."""
-        self._local_copy = NodeLocalCopy(url, self.trainer.node_rank)
+    def _fetch(self, url: Any) -> None:
+        """(all ranks) Local rank 0 of each node downloads the remote checkpoint into a new private directory; every
+        rank of the node takes its path from the store and checks it, in a second round, so that a refusal on any
+        rank ends the restore on every rank."""
+        schedule = self._make_schedule(url, _local_world_size(self.trainer.strategy))
+        # SerializedLoading.tmpdir, or SERIALIZED_RESTORE_TMPDIR over it, else the system's temporary directory
+        self._local_copy = copy = NodeLocalCopy(url, self._options.tmpdir)
         if self.trainer.local_rank == 0:
             # last resort for a job that dies between the stages: the copy never outlives the process
-            atexit.register(self._local_copy.remove)
-        with schedule.turn(STAGE_FETCH) as record:
-            if self.trainer.local_rank == 0:
-                record.bytes_read = self._local_copy.fetch()
+            atexit.register(copy.remove)
+        decision = schedule.decide_per_node(STAGE_FETCH, copy.fetch)
+        with schedule.turn(STAGE_CHECK):
+            copy.adopt(decision)
 
     def _abandon(self) -> None:
         """(each rank, after a failed stage) Free the cached checkpoint and the local copy; resume_end won't run."""
@@ -131,6 +135,7 @@ class _SerializedCheckpointConnectorMixin:
         copy, self._local_copy = self._local_copy, None
         if copy is not None and self.trainer.local_rank == 0:
             copy.remove()
+            atexit.unregister(copy.remove)
 
     def _restore_fsdp_full(self, checkpoint_path: Any, weights_only: Optional[bool]) -> None:
         """(all ranks together) Stage 1 for FSDP and a full checkpoint: see ``_fsdp.py``; no turns (collectives)."""
@@ -233,7 +238,7 @@ class _SerializedCheckpointConnectorMixin:
     # ------------------------------------------------------------- helpers
 
     def _read(self, checkpoint_path: Any, weights_only: Optional[bool], reader: str) -> tuple[dict[str, Any], str, int]:
-        source = self._local_copy.path if self._local_copy is not None else checkpoint_path
+        source = self._local_copy.checked_path() if self._local_copy is not None else checkpoint_path
         with flavour_of(self).import_("utilities.migration", "pl_legacy_patch")():
             loaded = read_checkpoint(self.trainer.strategy, source, weights_only, reader, self._log)
         return self._migrate(loaded.checkpoint, checkpoint_path), loaded.reader, loaded.bytes_read

@@ -1,23 +1,34 @@
-"""Remote (fsspec) checkpoints: fetched once per node into a local temporary file, removed after the restore.
+"""Remote (fsspec) checkpoints: fetched once per node into a private temporary directory, removed after the restore.
 
 Upstream Lightning reads a remote checkpoint on every rank: N downloads per node, and no memory mapping. With
 ``serialized_checkpoint_loading`` on, local rank 0 of each node downloads the file during a first round of turns
 (``"fetch checkpoint"``), the other ranks of the node wait for it, every rank restores from the local copy (which
 can then be memory-mapped), and local rank 0 removes it when the restore ends, also when it fails.
+
+The copy lives in a directory that local rank 0 creates for this one restore with :func:`tempfile.mkdtemp` (mode
+0700, an unpredictable name) inside ``SERIALIZED_RESTORE_TMPDIR`` or the system's temporary directory, so that no
+other user of the node can read it, replace it or plant a file in its place. The node's other ranks learn its path
+through the job's store, as plain JSON, and check it before they read (see ``docs/security.md``).
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from typing import Any, Optional
 
+from serialized_restore._options import TMPDIR_ENV
 from serialized_restore._readers import local_path
 
-TMPDIR_ENV = "SERIALIZED_RESTORE_TMPDIR"
+STAGE_CHECK = "check local copy"
+"""The round of turns after the fetch in which every rank checks the path it was given (a refusal ends all ranks)."""
+
+PREFIX = "serialized-restore-"
+FILE_NAME = "checkpoint.ckpt"
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +39,30 @@ def is_remote(path: Any) -> bool:
 
 
 def fetch_directory() -> str:
-    """Where local copies go: ``SERIALIZED_RESTORE_TMPDIR``, else the system's temporary directory."""
-    return os.environ.get(TMPDIR_ENV, "").strip() or tempfile.gettempdir()
+    """Where local copies go: ``SERIALIZED_RESTORE_TMPDIR``, else the system's temporary directory; absolute."""
+    return os.path.abspath(os.environ.get(TMPDIR_ENV, "").strip() or tempfile.gettempdir())
+
+
+def check_fetch_directory(directory: str) -> None:
+    """Raise, naming the directory and the setting, unless ``directory`` is a directory that other users cannot
+    write to, or can only with the sticky bit set (as ``/tmp``), so that nobody else can rename or replace what this
+    process creates in it."""
+    where = f"{directory!r} ({TMPDIR_ENV}, or the system's temporary directory when it is not set)"
+    try:
+        mode = os.stat(directory).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is None or not stat.S_ISDIR(mode):
+        error = FileNotFoundError if mode is None else NotADirectoryError
+        problem = "does not exist" if mode is None else "is not a directory"
+        raise error(f"The directory for local copies of remote checkpoints, {where}, {problem}.")
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        raise PermissionError(
+            f"Refusing to download the checkpoint into {where}: it is writable by other users (mode"
+            f" {stat.S_IMODE(mode):04o}) without the sticky bit, so another user could rename or replace the copy."
+            f" Set {TMPDIR_ENV} to a directory that only you can write to (`mkdir -m 700 DIR`), or set the sticky"
+            " bit on this one (`chmod +t DIR`)."
+        )
 
 
 def ensure_free_space(directory: str, needed: int) -> None:
@@ -45,51 +78,121 @@ def ensure_free_space(directory: str, needed: int) -> None:
 class NodeLocalCopy:
     """The local copy of a remote checkpoint, shared by the ranks of one node.
 
-    Its file name is derived from the URL, the job's rendezvous address and the node, so that the ranks of a node
-    agree on it without communicating and concurrent jobs do not collide.
+    Local rank 0 creates it (:meth:`fetch`, in a fresh private directory) and removes it (:meth:`remove`); every rank
+    of the node takes its path from local rank 0's decision (:meth:`adopt`) and checks it again before each read
+    (:meth:`checked_path`).
     """
 
-    def __init__(self, url: Any, node_rank: int, directory: Optional[str] = None) -> None:
+    def __init__(self, url: Any, directory: Optional[str] = None) -> None:
         self.url = str(url)
-        self.directory = directory or fetch_directory()
-        port = os.environ.get("MASTER_PORT")
-        job = f"{os.environ.get('MASTER_ADDR', '')}:{port}" if port else f"pid {os.getpid()}"
-        digest = hashlib.sha1(f"{self.url}|{job}|{node_rank}".encode(), usedforsecurity=False).hexdigest()[:16]
-        self.path = os.path.join(self.directory, f"serialized-restore-{digest}.ckpt")
+        self.directory = os.path.abspath(directory or fetch_directory())
+        self.path: Optional[str] = None
+        self._size = 0
+        self._private: Optional[str] = None
+        """The directory this process created; only this is ever removed."""
 
-    def fetch(self) -> int:
-        """(local rank 0, inside its turn) Download the file; return its size. Leaves no partial file behind."""
+    def fetch(self) -> str:
+        """(local rank 0, inside its turn) Download the file into a new private directory; return the decision the
+        node's other ranks receive: ``{"path": ..., "size": ...}`` as JSON. Leaves nothing behind when it fails."""
         from fsspec.core import url_to_fs
 
+        check_fetch_directory(self.directory)
         fs, remote = url_to_fs(self.url)
         try:
             size = fs.size(remote)
         except Exception:  # some servers do not report a size; the copy is checked against what arrives
             size = None
-        if not os.path.isdir(self.directory):
-            raise FileNotFoundError(f"{TMPDIR_ENV}={self.directory!r} is not a directory.")
         if size:
             ensure_free_space(self.directory, int(size))
-        partial = self.path + ".partial"
+        self._private = tempfile.mkdtemp(prefix=PREFIX, dir=self.directory)
+        path = os.path.join(self._private, FILE_NAME)
         try:
-            fs.get_file(remote, partial)
-            written = os.path.getsize(partial)
+            os.chmod(self._private, 0o700)  # as mkdtemp creates it, whatever the umask
+            # created here, private, before a byte arrives; fsspec then writes into it
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            os.chmod(path, 0o600)
+            fs.get_file(remote, path)
+            written = os.lstat(path).st_size
             if size is not None and written != size:
                 raise OSError(f"Fetching {self.url!r} stopped after {written} of {size} bytes.")
-            os.replace(partial, self.path)
         except BaseException:
-            _remove(partial)
+            self.remove()
             raise
-        log.info(f"Fetched {self.url!r} ({written / 2**20:.1f} MiB) to {self.path!r}")
-        return written
+        log.info(f"Fetched {self.url!r} ({written / 2**20:.1f} MiB) to {path!r}")
+        return json.dumps({"path": path, "size": written})
+
+    def adopt(self, decision: str) -> None:
+        """(every rank of the node, local rank 0 included) Take the path from local rank 0's decision, read back from
+        the job's store, once it is checked: parsed as JSON, never evaluated."""
+        check_fetch_directory(self.directory)
+        try:
+            data = json.loads(decision)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{self._refusal(decision)}: it is not JSON ({err}).") from None
+        if not (
+            isinstance(data, dict)
+            and set(data) == {"path", "size"}
+            and isinstance(data["path"], str)
+            and type(data["size"]) is int
+        ):
+            raise ValueError(f'{self._refusal(decision)}: it is not {{"path": <str>, "size": <int>}}.')
+        self._check(data["path"], data["size"])
+        self.path, self._size = data["path"], data["size"]
+
+    def checked_path(self) -> str:
+        """(every rank, before each read) The copy's path, once its directory is checked to be still the private one."""
+        assert self.path is not None, "adopt() first"
+        self._check(self.path, self._size)
+        return self.path
 
     def remove(self) -> None:
-        _remove(self.path)
-        _remove(self.path + ".partial")
+        """(local rank 0) Remove the private directory and everything in it, if this process created it."""
+        private, self._private = self._private, None
+        if private is not None:
+            # shutil.rmtree does not follow symbolic links
+            shutil.rmtree(private, ignore_errors=True)
 
+    def _check(self, path: str, size: int) -> None:
+        """Raise ``PermissionError`` unless ``path`` is ``<directory>/serialized-restore-*/checkpoint.ckpt`` in a
+        directory owned by this user, mode 0700, not a symbolic link, and a regular file of ``size`` bytes."""
+        parent = os.path.dirname(path)
+        if not (
+            "\0" not in path
+            and os.path.normpath(path) == path
+            and os.path.dirname(parent) == self.directory
+            and os.path.basename(parent).startswith(PREFIX)
+            and os.path.basename(path) == FILE_NAME
+        ):
+            raise PermissionError(
+                f"{self._refusal(path)}: it is not a file in a directory {PREFIX}* inside {self.directory!r}."
+            )
+        try:
+            directory, file = os.lstat(parent), os.lstat(path)
+        except OSError as err:
+            raise PermissionError(f"{self._refusal(path)}: {err}.") from None
+        uid = os.geteuid()
+        problems = [
+            what
+            for what, bad in (
+                ("its directory is not a directory (a symbolic link?)", not stat.S_ISDIR(directory.st_mode)),
+                (f"its directory is owned by uid {directory.st_uid}, not {uid}", directory.st_uid != uid),
+                (
+                    f"its directory has mode {stat.S_IMODE(directory.st_mode):04o}, not 0700",
+                    stat.S_IMODE(directory.st_mode) != 0o700,
+                ),
+                ("it is not a regular file", not stat.S_ISREG(file.st_mode)),
+                (f"it is owned by uid {file.st_uid}, not {uid}", file.st_uid != uid),
+                (f"it has mode {stat.S_IMODE(file.st_mode):04o}", stat.S_IMODE(file.st_mode) & 0o077),
+                (f"it has {file.st_size} bytes, not {size}", file.st_size != size),
+            )
+            if bad
+        ]
+        if problems:
+            raise PermissionError(f"{self._refusal(path)}: {'; '.join(problems)}.")
 
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
+    def _refusal(self, what: str) -> str:
+        shown = what if len(what) <= 300 else what[:300] + "..."
+        return (
+            f"Refusing {shown!r} as the local copy of {self.url!r} (local rank 0 announces it through the job's store,"
+            " which is not authenticated: any process that can reach the store can write to it)"
+        )

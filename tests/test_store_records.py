@@ -1,0 +1,162 @@
+"""Records in the job's store that serialized_restore did not write: real processes, a real ``TCPStore``, no Lightning.
+
+Any process that can reach the job's ``TCPStore`` can write to it (torch does not authenticate its clients). Here three
+ranks take turns with ``TurnSchedule`` while a fourth process, a plain store client that is no rank, appends a record
+of its own to the stage's failure reports and bumps its failure count, as a rank that failed would. Every rank must
+raise one clear ``CheckpointRestoreError`` saying that a record could not be read, none may hang or crash, and the
+record must never be unpickled or evaluated.
+
+This file relies only on ``TurnSchedule``'s public API and on the names of the store keys the schedule uses (its
+implementation is free to change otherwise): a restore's keys live in a ``PrefixStore`` with the prefix
+``serialized_restore/<generation>/`` (generation 1 for the first restore of a process), a stage's keys under
+``<stage with '_' for ' '>/``, and a failure is announced by appending a JSON line to ``reports`` and then adding 1 to
+``failures``. A rank's turn has started once ``start/<node>/<local rank>`` is set.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import multiprocessing
+import os
+import pickle
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from serialized_restore import CheckpointRestoreError
+from serialized_restore._turns import RankPlacement, TurnSchedule
+
+CKPT = "/checkpoints/epoch=3.ckpt"
+STAGE = "restore modules and callbacks"
+NAMESPACE = "serialized_restore/1/"
+KEYS = "restore_modules_and_callbacks/"
+WORLD = 3
+
+
+class _Payload:
+    """Unpickling this creates ``marker``: the proof that a record was unpickled."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (os.mkdir, (self.marker,))
+
+
+def _connect(rank: int, out_dir: Path) -> dist.TCPStore:
+    """Rank 0 hosts the store on a port the system picks and tells the others (and the intruder) through a file."""
+    timeout = datetime.timedelta(seconds=30)
+    port_file = out_dir / "store.port"
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, WORLD, True, timeout=timeout, wait_for_workers=False)
+        port_file.with_suffix(".tmp").write_text(str(store.port))
+        port_file.with_suffix(".tmp").rename(port_file)
+        return store
+    deadline = time.monotonic() + 30
+    while not port_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return dist.TCPStore("127.0.0.1", int(port_file.read_text()), WORLD, False, timeout=timeout)
+
+
+def _rank_main(rank: int, out: str) -> None:
+    """(one forked rank) take its turn of the stage (1 s long) and write the outcome; never returns."""
+    out_dir = Path(out)
+    outcome: dict[str, Any] = {}
+    try:
+        store = _connect(rank, out_dir)
+        schedule = TurnSchedule(
+            store=store,
+            placement=RankPlacement(rank, WORLD, 0, rank, WORLD),
+            max_concurrent=1,
+            checkpoint_path=CKPT,
+            turn_timeout=30.0,
+            heartbeat_timeout=30.0,
+        )
+        with schedule.turn(STAGE):
+            time.sleep(1.0)
+        outcome["ok"] = True
+    except CheckpointRestoreError as err:
+        outcome.update(
+            type=type(err).__name__,
+            error=str(err),
+            kinds=[f.kind for f in err.failures],
+            failed_ranks=err.failed_ranks,
+        )
+    except BaseException as err:
+        outcome["unexpected"] = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    outcome["ended"] = time.time()
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(outcome))
+    if rank == 0:
+        # the store lives in this process: stay until the others are done with it
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all((out_dir / f"rank{r}.json").exists() for r in range(WORLD)):
+            time.sleep(0.05)
+    os._exit(0)
+
+
+def _intruder_main(out: str, record: bytes) -> None:
+    """(a store client that is no rank) once rank 0's turn has started, post ``record`` as a failure report."""
+    out_dir = Path(out)
+    try:
+        store = dist.PrefixStore(NAMESPACE, _connect(1, out_dir))  # a client, like any rank but 0
+        deadline = time.monotonic() + 30
+        while not store.check([KEYS + "start/0/0"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        store.append(KEYS + "reports", record)
+        store.add(KEYS + "failures", 1)
+        (out_dir / "fault.json").write_text(json.dumps({"at": time.time()}))
+    except BaseException:
+        (out_dir / "fault.json").write_text(json.dumps({"unexpected": traceback.format_exc()}))
+    os._exit(0)
+
+
+def _run(tmp_path: Path, record: bytes, timeout: float = 40.0) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_rank_main, args=(r, str(tmp_path))) for r in range(WORLD)]
+    procs.append(ctx.Process(target=_intruder_main, args=(str(tmp_path), record)))
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        hung = [r for r, proc in enumerate(procs) if proc.is_alive()]
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    ranks = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)}
+    return {"ranks": ranks, "hung": hung, "fault": json.loads((tmp_path / "fault.json").read_text())}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["pickle", "wrong fields", "not utf-8"])
+def test_a_malformed_failure_record_gives_one_clear_error_on_every_rank(tmp_path: Path, kind: str) -> None:
+    """A record that is not one of ours ends the stage on every rank with one error that says so; a pickle in it is
+    never loaded."""
+    marker = tmp_path / "unpickled"
+    record = {
+        "pickle": pickle.dumps(_Payload(str(marker))),
+        "wrong fields": json.dumps({"global_rank": "0", "stage": 1, "kind": "exception"}).encode() + b"\n",
+        "not utf-8": b"\xff\xfe\x00 not a record\n",
+    }[kind]
+    result = _run(tmp_path, record)
+    assert not result["hung"], result
+    assert "unexpected" not in result["fault"], result["fault"]["unexpected"]
+    for rank, outcome in result["ranks"].items():
+        assert "unexpected" not in outcome, outcome["unexpected"]
+        assert outcome.get("type", "").startswith("CheckpointRestoreError"), (rank, outcome)
+        assert outcome["kinds"] == ["malformed report"], (rank, outcome)
+        assert outcome["failed_ranks"] == [], (rank, outcome)
+        error = outcome["error"]
+        assert f"Serialized restore of checkpoint {CKPT!r} failed" in error and repr(STAGE) in error, error
+        assert "a failure record in the job's store could not be read" in error, error
+        assert "any process that can reach the job's TCPStore can write to it" in error, error
+        assert outcome["ended"] - result["fault"]["at"] < 5.0, (rank, outcome)
+    assert not marker.exists()
