@@ -1,11 +1,23 @@
 # Sourced by the other scripts: create (once) and activate .venv with the pinned requirements.
+#
+# torch comes from wherever pip resolves `torch==<pin>` on this machine. On a plain Linux machine that is PyPI's
+# CUDA build (several GB); where a local wheel cache or pip configuration provides the CPU build, that one. To choose,
+# set SERIALIZED_RESTORE_TORCH_INDEX_URL to an index that serves the build you want, for example the CPU-only one:
+#
+#   SERIALIZED_RESTORE_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/test.sh
+#
+# torch is then installed from that index first; the rest of requirements/ci.txt from the usual ones.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-STAMP=".venv/.requirements-$(sha1sum requirements/ci.txt setup.py | sha1sum | cut -c1-12)"
+TORCH_INDEX="${SERIALIZED_RESTORE_TORCH_INDEX_URL:-}"
+STAMP=".venv/.requirements-$( (cat requirements/ci.txt setup.py; echo "$TORCH_INDEX") | sha1sum | cut -c1-12)"
 if [ ! -f "$STAMP" ]; then
   python3 -m venv .venv
   .venv/bin/python -m pip install --quiet --upgrade pip
+  if [ -n "$TORCH_INDEX" ]; then
+    .venv/bin/python -m pip install --quiet --index-url "$TORCH_INDEX" "$(grep -E '^torch==' requirements/ci.txt)"
+  fi
   .venv/bin/python -m pip install --quiet -r requirements/ci.txt
   .venv/bin/python -m pip install --quiet --no-deps -e .
   rm -f .venv/.requirements-*
@@ -13,3 +25,4 @@ if [ ! -f "$STAMP" ]; then
 fi
 # shellcheck disable=SC1091
 source .venv/bin/activate
+echo "environment: $(python -c 'import torch; print(f"torch {torch.__version__}, CUDA build: {torch.version.cuda or "no"}")')" >&2
