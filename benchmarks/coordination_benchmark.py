@@ -356,7 +356,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "label": args.label or code["describe"],
         "code": code,
-        "command": _command(),
+        "command": ("PYTHONPATH=<a checkout of that version> " if code["origin"] != "this checkout" else "")
+        + _command(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_info(),
         "config": {
@@ -688,14 +689,14 @@ def _one_line(run: dict[str, Any]) -> str:
             f"failure at {_s(run['failed_at_s'])}: first error {_s(run['first_error_s'])}, last"
             f" {_s(run['last_error_s'])} after it; {run['ranks_raised']}/{run['ranks_expected']} raised,"
             f" {run['verdicts_right_kind']} name rank {run['victim_rank']}'s failure as {run['expected_kind']!r};"
-            f" abort ops/rank {_f(run['abort_ops_per_rank_mean'], 1)}; server {_f(run['server_core_share'], 2)} core"
+            f" abort ops/rank {_f(run['abort_ops_per_rank_mean'], 1)}; server {_f(_server(run), 2)} core"
         )
     return (
         f"wall {run['wall_s']:.2f}s (ideal {run['ideal_s']:.1f}s), {run['ops_per_s']:,.0f} ops/s"
         f" ({run['ops_per_s_per_rank']:.1f}/rank; waiting "
         + "/".join(_f(v, 1) for v in run["waiting_ops_per_s"].values())
         + f"), hand-off {_ms(run['handoff_p50_s'])}/{_ms(run['handoff_p99_s'])}, server"
-        f" {_f(run['server_core_share'], 2)} core, workers {_f(run['workers_cores'], 2)} cores,"
+        f" {_f(_server(run), 2)} core, workers {_f(_workers(run), 2)} cores,"
         f" errors {run['spurious_errors']}"
     )
 
@@ -900,9 +901,13 @@ def section(all_results: list[dict[str, Any]], image: str) -> str:
         "",
     ]
     for res in all_results:
+        c = res["config"]
+        failures = "; ".join(f"{kind} at R = {', '.join(f'{r:,}' for r in sizes)}"
+                             for kind, sizes in c["failures"].items() if sizes)  # fmt: skip
         lines.append(
             f"- **{res['label']}**: `{res['command']}` ({res['date']}, {res['wall_seconds'] / 60:.1f} minutes);"
-            f" `serialized_restore` at {res['code']['describe']}"
+            f" `serialized_restore` at {res['code']['describe']}. R = {', '.join(f'{r:,}' for r in c['sizes'])}"
+            f" with k = {', '.join(map(str, c['concurrency']))}; failures: {failures or 'none'}."
         )
     lines += [
         f"- Versions: torch {machine['torch']}, Python {machine['python']}",
@@ -927,7 +932,9 @@ def section(all_results: list[dict[str, Any]], image: str) -> str:
         " all schedules built) to the last rank leaving the last stage; **overhead** = wall - ideal.",
         "- **ops/s**: store operations of all ranks over the wall time, in all and per rank. **Per waiting rank**:"
         " the operations a rank makes while it waits for its turn or for the others to end the stage, over the time"
-        " it spends so, summed over ranks, for each stage (stage 1 / stage 2).",
+        " it spends so, summed over ranks, for each stage (stage 1 / stage 2); it includes what a rank does once per"
+        " stage (announcing itself, its turn's start and end, the end of the stage), which weighs more the shorter"
+        " the wait. **Ops per rank and stage**: all operations over R and the number of stages.",
         "- **hand-off**: on each node, the start of a turn minus the end of its predecessor's turn (local rank r - k),"
         " both taken by the ranks' own clocks inside the body; median and 99th percentile over all nodes and stages.",
         "- **server**: the store server process's CPU time (utime + stime from `/proc`) over the run, as a share of"
@@ -935,6 +942,10 @@ def section(all_results: list[dict[str, Any]], image: str) -> str:
         " **other**: the rest of the machine's busy time (other processes), in cores. The machine has"
         f" {machine['cores']} cores: when server + workers + other reach that, the run measures the simulator's"
         " (and the machine's) limit, not the store's.",
+        "- **workers' CPU per rank**: the workers' CPU time over the run, per rank and second of wall time: what"
+        " hosting one rank costs the simulator (its threads, its store calls through the counting wrapper, its"
+        " liveness checks). R times this figure has to fit in the machine's cores next to the server and the other"
+        " load; where it does not, the run is limited by the simulator.",
         "- **body**: the measured length of a turn's sleep, mean / max: above the nominal length when the rank's"
         " thread waits for the interpreter lock or a core after its sleep ends.",
         f"- Failure runs (k=1, R ranks, default timeouts unless stated): local rank {cfg['fail_local']} of node 0"
@@ -972,31 +983,33 @@ def section(all_results: list[dict[str, Any]], image: str) -> str:
         "",
         "### Restores without failures",
         "",
-        "| code | R | k | wall (s) | ideal (s) | overhead (s) | ops/s | ops/s per rank | per waiting rank |"
-        " hand-off p50 / p99 | server (core) | server CPU per op | workers (cores) | other (cores) | body mean / max"
-        " | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| code | R | k | wall (s) | ideal (s) | overhead (s) | ops/s | ops/s per rank | per waiting rank | ops per"
+        " rank and stage |"
+        " hand-off p50 / p99 | server (core) | server CPU per op | workers (cores) | workers' CPU per rank | other"
+        " (cores) | body mean / max | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for res in all_results:
         for r in sorted((r for r in res["runs"] if not r["failure"]), key=lambda r: (r["k"], r["R"])):
             head = f"| {res['label']} | {r['R']:,} | {r['k']} |"
             if r.get("skipped"):
-                lines.append(head + f" not run: {r['skipped_reason']} |" + " |" * 12)
+                lines.append(head + f" not run: {r['skipped_reason']} |" + " |" * 14)
                 continue
             if not r["finished"]:
                 lines.append(
                     head + f" **did not finish in {r['limit_s']:.0f} s** ({r['ranks_completed']:,} of {r['R']:,} ranks"
-                    f" done) | {r['ideal_s']:.1f} | – | – | – | – | – | –"
-                    f" | {_f(r['server_core_share'], 2)} | – |"
-                    f" {_f(r['workers_cores'], 2)} | {_f(r['other_cores'], 2)} | – | {r['ranks_raised']} |"
+                    f" done) | {r['ideal_s']:.1f} | – | – | – | – | – | – | –"
+                    f" | {_f(_server(r), 2)} | – |"
+                    f" {_f(_workers(r), 2)} | – | {_f(r['other_cores'], 2)} | – | {r['ranks_raised']} |"
                 )
                 continue
             waiting = " / ".join(_f(v, 1) for v in r["waiting_ops_per_s"].values())
             lines.append(
                 head + f" {r['wall_s']:.2f} | {r['ideal_s']:.1f} | **{r['overhead_s']:.2f}** | {r['ops_per_s']:,.0f} |"
-                f" {r['ops_per_s_per_rank']:.1f} | {waiting} | {_ms(r['handoff_p50_s'])} / {_ms(r['handoff_p99_s'])} |"
-                f" {_f(r['server_core_share'], 2)} | {_f(r['server_cpu_per_op_us'], 1)} us |"
-                f" {_f(r['workers_cores'], 2)} | {_f(r['other_cores'], 2)} |"
+                f" {r['ops_per_s_per_rank']:.1f} | {waiting} | {r['ops_total'] / r['R'] / len(r['stages']):.0f} |"
+                f" {_ms(r['handoff_p50_s'])} / {_ms(r['handoff_p99_s'])} |"
+                f" {_f(_server(r), 2)} | {_f(r['server_cpu_per_op_us'], 1)} us |"
+                f" {_f(_workers(r), 2)} | {_per_rank_ms(r)} | {_f(r['other_cores'], 2)} |"
                 f" {r['body_mean_s'] * 1000:.0f} / {r['body_max_s'] * 1000:.0f} ms | {r['ranks_raised']} |"
             )
     mix = []
@@ -1025,13 +1038,13 @@ def section(all_results: list[dict[str, Any]], image: str) -> str:
             if r.get("skipped"):
                 lines.append(head + f" not run: {r['skipped_reason']} |" + " |" * 6)
                 continue
-            last = _s(r["last_error_s"]) if r["finished"] else f"**did not finish in {r['limit_s']:.0f} s**"
+            last = _s(r["last_error_s"]) if r["finished"] else f"did not finish in {r['limit_s']:.0f} s"
             lost = f" ({r['ranks_lost']:,} lost with the process)" if r["ranks_lost"] else ""
             lines.append(
                 head + f" {_s(r['failed_at_s'])} | {_s(r['first_error_s'])} / **{last}** |"
                 f" {r['ranks_raised']:,} of {r['ranks_expected']:,}{lost} | {r['verdicts_right_kind']:,} |"
                 f" {r['blamed_others_count']} | {_f(r['abort_ops_per_rank_mean'], 0)} /"
-                f" {_f(r['abort_ops_per_rank_max'], 0)} | {_f(r['server_core_share'], 2)} |"
+                f" {_f(r['abort_ops_per_rank_max'], 0)} | {_f(_server(r), 2)} |"
             )
     lines += [
         "",
@@ -1046,6 +1059,8 @@ def section(all_results: list[dict[str, Any]], image: str) -> str:
     ]
     goals = [{(g["goal"], g["R"], g["k"]): g for g in check_goals(res)} for res in all_results]
     keys = list(dict.fromkeys(key for g in goals for key in g))
+    order = {goal: i for i, goal in enumerate(dict.fromkeys(key[0] for key in keys))}
+    keys.sort(key=lambda key: (order[key[0]], key[1], key[2] or 0))
     for key in keys:
         cells = []
         for g in goals:
@@ -1063,6 +1078,28 @@ def section(all_results: list[dict[str, Any]], image: str) -> str:
     return "\n".join(lines)
 
 
+def _server(run: dict[str, Any]) -> Optional[float]:
+    """The server's CPU over the run as a share of one core: over the wall time when the run finished (the server
+    does nothing else between runs), else over the whole window."""
+    if run.get("wall_s"):
+        return run["server_cpu_s"] / run["wall_s"]
+    return run.get("server_core_share")
+
+
+def _workers(run: dict[str, Any]) -> Optional[float]:
+    """The workers' CPU over the run, in cores (over the wall time when the run finished)."""
+    if run.get("wall_s"):
+        return run["workers_cpu_s"] / run["wall_s"]
+    return run.get("workers_cores")
+
+
+def _per_rank_ms(run: dict[str, Any]) -> str:
+    """The worker processes' CPU per rank and second of the run: what the simulator spends to host one rank."""
+    if not run.get("wall_s") or not run.get("workers_cpu_s"):
+        return "–"
+    return f"{run['workers_cpu_s'] / run['R'] / run['wall_s'] * 1000:.2f} ms/s"
+
+
 def limits_notes(all_results: list[dict[str, Any]]) -> list[str]:
     """Where the figures stop describing the schedule and start describing this simulator and machine."""
     notes = []
@@ -1073,14 +1110,14 @@ def limits_notes(all_results: list[dict[str, Any]]) -> list[str]:
         if not done:
             continue
         busiest = max(done, key=lambda r: r["ops_per_s"])
-        saturated = [r for r in done if (r["workers_cores"] or 0) + (r["server_core_share"] or 0)
+        saturated = [r for r in done if (_workers(r) or 0) + (_server(r) or 0)
                      + (r["other_cores"] or 0) >= 0.9 * cores]  # fmt: skip
         text = (
             f"- **{res['label']}**: the plain load reached {plain['ops_per_s']:,.0f} ops/s with the server at"
             f" {plain['server_core_share']:.2f} of a core ({_f(plain['server_cpu_per_op_us'], 1)} us per op), so one"
             f" server core would serve about {1e6 / plain['server_cpu_per_op_us']:,.0f} ops/s if the clients could"
             f" send them. The schedule's busiest run (R={busiest['R']:,}, k={busiest['k']}) made"
-            f" {busiest['ops_per_s']:,.0f} ops/s with the server at {_f(busiest['server_core_share'], 2)} of a core."
+            f" {busiest['ops_per_s']:,.0f} ops/s with the server at {_f(_server(busiest), 2)} of a core."
         )
         if saturated:
             where = ", ".join(f"{r['R']:,} (k={r['k']})" for r in saturated)
