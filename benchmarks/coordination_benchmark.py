@@ -962,6 +962,13 @@ def section(all_results: list[dict[str, Any]], image: str) -> str:
         " rank's `CheckpointRestoreError`; *named* counts the ranks whose error names a failed rank with the expected"
         " kind (`exception`, `died`, `unresponsive`); **abort ops**: store operations per surviving rank from the"
         f" failure on (counted in {BUCKET_S * 1000:.0f} ms buckets), mean / max.",
+        "- Set-up, not measured: the server and the workers are started once; each worker connects its ranks'"
+        " clients before the first run that needs them and keeps them (every run has a key prefix of its own on the"
+        " one server), and a rank's `clone()` of its store is handed a connection made before the run (a small"
+        " unmeasured run first counts the clones per rank). torch's `TCPStore` looks up the name of every peer"
+        " address it connects to or accepts (reverse DNS), on the server's event loop too; on this machine a slow"
+        " resolver stalled such connections by 5 s at times, so the processes run with"
+        " `RES_OPTIONS=attempts:1 timeout:1`, after which torch stops resolving at the first slow answer.",
         f"- Every run has a limit of {cfg['run_limit_s']:.0f} s: a run that does not end in time is reported as not"
         " finished, its worker processes are replaced, and larger R of the same series are not run.",
         "",
@@ -1059,6 +1066,7 @@ def section(all_results: list[dict[str, Any]], image: str) -> str:
         " tuned to meet them). *Not run*: R above the version's cap, or after a smaller R of the series did not"
         " finish.",
         "",
+        *_capacity_lines(all_results),
         "| goal | R | k | " + " | ".join(res["label"] for res in all_results) + " |",
         "|---|---|---|" + "---|" * len(all_results),
     ]
@@ -1096,6 +1104,27 @@ def _workers(run: dict[str, Any]) -> Optional[float]:
     if run.get("wall_s"):
         return run["workers_cpu_s"] / run["wall_s"]
     return run.get("workers_cores")
+
+
+def _capacity_lines(all_results: list[dict[str, Any]]) -> list[str]:
+    """Where a version's runs need more CPU than the machine has: above that R they measure the simulator."""
+    parts = []
+    for res in all_results:
+        done = [r for r in res["runs"] if not r.get("skipped") and r["finished"] and not r["failure"]]
+        costs = [r["workers_cpu_s"] / r["R"] / r["wall_s"] for r in done if r["workers_cpu_s"]]
+        if costs:
+            top = round(res["machine"]["cores"] / statistics.median(costs), -1)
+            parts.append(f"{res['label']} above about {top:,.0f} ranks")
+    if not parts:
+        return []
+    return [
+        "Hosting the ranks takes more CPU than this machine's cores have for "
+        + ", ".join(parts)
+        + " (see *What limits the simulation*): there, and wherever the other load took the cores, the figures"
+        " measure the simulator on this machine rather than the schedule, and a goal missed there is not evidence"
+        " against the schedule.",
+        "",
+    ]
 
 
 def _per_rank_ms(run: dict[str, Any]) -> str:
