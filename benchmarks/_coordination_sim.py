@@ -43,6 +43,20 @@ def raise_fd_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent (the driver) exits, however it exits: a worker that a
+    failure run froze with SIGSTOP cannot notice by itself that nobody will ever resume or kill it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the driver kills its processes by pid, and they exit when their stdin closes
+    if os.getppid() == 1:
+        os._exit(1)  # the parent is already gone
+
+
 def process_cpu_seconds(pid: int) -> Optional[float]:
     """utime + stime of a process (all its threads), from ``/proc/<pid>/stat``; ``None`` if it is gone."""
     try:
@@ -202,6 +216,7 @@ def serve() -> None:
     """Host the TCPStore server of the whole benchmark (every run has a key prefix of its own)."""
     import torch.distributed as dist
 
+    die_with_parent()
     limit = raise_fd_limit()
     out = _protocol_stream()
     store = dist.TCPStore(
@@ -227,6 +242,7 @@ def work(index: int) -> None:
     import torch.distributed as dist
 
     logging.getLogger("serialized_restore").setLevel(logging.WARNING)
+    die_with_parent()
     limit = raise_fd_limit()
     threading.stack_size(THREAD_STACK)
     out = _protocol_stream()
