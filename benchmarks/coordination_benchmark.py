@@ -12,8 +12,14 @@ The code measured is the ``serialized_restore`` that comes first on ``PYTHONPATH
 
     python benchmarks/coordination_benchmark.py                   # full run: R = 64 ... 4,096, docs/benchmarks.md
     python benchmarks/coordination_benchmark.py --quick           # smoke run (R = 64, 128): bench_output/...
+
+Two versions side by side (how the committed section was made): today's schedule, capped at 1,024 ranks, then
+another tree with the first run's results beside its own:
+
+    python benchmarks/coordination_benchmark.py --max-ranks 1024 --label baseline --no-docs \\
+        --output-dir bench_output/coordination-baseline
     PYTHONPATH=/path/to/other/tree python benchmarks/coordination_benchmark.py --label redesign \\
-        --compare bench_output/coordination/results.json          # another tree, beside an earlier run's results
+        --code-version "commit <hash>" --compare bench_output/coordination-baseline/results.json --docs
 
 Every run has a time limit; a run that exceeds it is reported as not finished, and larger R of the same series are
 then skipped. Exits non-zero if a process of the simulation fails (not when a goal is missed).
