@@ -258,6 +258,7 @@ def work(index: int) -> None:
             elif cmd["cmd"] == "go":
                 assert run is not None
                 _answer(out, run.go(cmd["at"], cmd["deadline"]))
+                run.release()  # after answering: the driver's clock is running
                 run = None
                 gc.collect()
             elif cmd["cmd"] == "plain":
@@ -366,10 +367,6 @@ class _Run:
         unfinished = [t.name for t in self.threads if t.is_alive()]
         records = [self.records[r] for r in self.ranks if r in self.records]
         late_clones = sum(c.counter.late_clones for c in self.counted)
-        for counted in self.counted:
-            counted.release()
-        self.counted, self.stores, self.spares = [], [], []
-        gc.collect()
         time.sleep(0.1)  # the schedule's own threads end with their stage
         return {
             "records": records,
@@ -381,6 +378,11 @@ class _Run:
             "ended": ended,
             "pid": os.getpid(),
         }
+
+    def release(self) -> None:
+        for counted in self.counted:
+            counted.release()
+        self.counted, self.stores, self.spares = [], [], []
 
     def _rank(self, rank: int, placement: Any, schedule: Any, counter: Counter, restore_error: type) -> None:
         cmd = self.cmd

@@ -96,6 +96,7 @@ DOCS = REPO / "docs"
 DEFAULT_OUTPUT = REPO / "bench_output"
 SECTION = "## Coordination at scale"
 START_TIMEOUT_S = 120.0  # a child process's start (imports torch)
+ANSWER_GRACE_S = 120.0  # after a run's limit, for a worker to report (its main thread may wait for a core)
 BUCKET_S = 0.05  # must match _coordination_sim.BUCKET_S
 PLOT_COLORS = ("tab:red", "tab:green", "tab:blue", "tab:purple", "tab:orange", "tab:brown")
 FAILURE_MARKERS = {"exception": "o", "kill": "x", "stop": "s"}
@@ -347,8 +348,13 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 run = run_case(pool, case, args)
             except ChildLost as err:
+                # a worker that did not answer in time (its threads starved, for example) or died: the run counts
+                # as not finished, and its series stops here
                 broken.append(f"{name}: {err}")
                 print(f"[{i}/{len(cases)}] {name}: BROKEN: {err}", flush=True)
+                skipped_after[case["series"]] = case["R"]
+                runs.append({**_case_info(case, args), "skipped": True,
+                             "skipped_reason": "did not finish: a worker process did not report in time"})  # fmt: skip
                 for index in range(len(pool.workers)):
                     pool.replace(index)
                 continue
@@ -494,7 +500,7 @@ def run_case(pool: Pool, case: dict[str, Any], args: argparse.Namespace, keep: b
     for j, worker in enumerate(workers):
         if j == victim_process:
             continue  # killed or stopped by its own rank: no answer
-        answers[j] = worker.receive(deadline - time.time() + 60)
+        answers[j] = worker.receive(deadline - time.time() + ANSWER_GRACE_S)
     server1, busy1, wall1 = _cpu(pool.server.pid), _machine(), time.monotonic()
     if victim_process is not None:
         victim = workers[victim_process]
