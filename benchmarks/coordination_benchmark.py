@@ -913,7 +913,8 @@ def section(all_results: list[dict[str, Any]], image: str) -> str:
         SECTION,
         "",
         "Generated, with its plot, by `benchmarks/coordination_benchmark.py`; every number in this section comes from"
-        " the run(s) below, one per version of the code measured.",
+        " the run(s) below, one per version of the code measured (a section of several runs is written from their"
+        " `results.json` files with `--from-results` and `--compare`).",
         "",
     ]
     for res in all_results:
@@ -1176,8 +1177,8 @@ def limits_notes(all_results: list[dict[str, Any]]) -> list[str]:
             cost = statistics.median(costs)
             text += (
                 f" Hosting one rank cost the workers about {cost * 1000:.1f} ms of CPU per second (median over the"
-                f" runs), so {cores} cores host at most about {round(cores / cost, -1):,.0f} ranks at that rate, fewer next to the"
-                " server and the other load."
+                f" runs), so {cores} cores host at most about {round(cores / cost, -1):,.0f} ranks at that rate,"
+                " fewer next to the server and the other load."
             )
         busiest_server = max((_server(r) or 0) for r in res["runs"] if not r.get("skipped"))
         text += (
@@ -1191,6 +1192,13 @@ def limits_notes(all_results: list[dict[str, Any]]) -> list[str]:
                 f" Turn bodies (sleeps of {worst['body_s']:g} s) lasted up to {worst['body_max_s']:.2f} s"
                 f" (R={worst['R']:,}, k={worst['k']}): the sleeping thread waited to run again."
             )
+        for r in res["runs"]:
+            if not r.get("skipped") and not r["failure"] and r["ranks_raised"]:
+                text += (
+                    f" In the run at R={r['R']:,}, k={r['k']}, no failure was injected, yet {r['ranks_raised']:,}"
+                    f" rank(s) raised: threads kept from running for longer than the heartbeat timeout"
+                    f" ({r['heartbeat_timeout_s']:g} s) by the simulator look silent to their peers."
+                )
         blamed = [r for r in res["runs"] if not r.get("skipped") and r["failure"] and r.get("blamed_others_count")]
         for r in blamed:
             text += (
