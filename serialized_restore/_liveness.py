@@ -203,6 +203,7 @@ class Monitor:
         self._reports: list[RankFailure] = []
         self._reported: set[int] = set()
         self._copied = False
+        self._log_seen = False
         now = time.monotonic()
         self._next_beat = now + self._beat_every
         self._next_beats_read = now
@@ -305,10 +306,16 @@ class Monitor:
         missing = watch.missing()
         if missing and now >= self._next_identity:
             self._next_identity = now + self._recheck
-            for local in missing:
-                raw = self._view.get_if_set(ScheduleKeys.identity(p.node_rank, local))
-                if raw is not None:
+            keys = [ScheduleKeys.identity(p.node_rank, local) for local in missing]
+            if len(keys) > 1 and self._view.check_all(keys):
+                # everyone has arrived (the usual case): two operations, whatever the node's size
+                for local, raw in zip(missing, self._view.multi_get(keys)):
                     watch.learn(local, Identity.from_json(raw))
+            else:
+                for local, key in zip(missing, keys):
+                    raw = self._view.get_if_set(key)
+                    if raw is not None:
+                        watch.learn(local, Identity.from_json(raw))
         gone: dict[int, tuple[bool, float]] = {local: (True, 0.0) for local in watch.exited()}
         if now >= self._next_beats_read and watch.identities:
             self._next_beats_read = now + self._beat_every
@@ -324,7 +331,7 @@ class Monitor:
         if self._view.check(self._keys.closed):
             # the stage ended, or failed and its ranks are raising: a peer that exits now has left it
             return
-        node_log = NodeLog.parse(self._view.get_if_set(self._keys.log(p.node_rank)))
+        node_log = self._node_log()
         failures = []
         for local, (exited, silent) in sorted(new.items()):
             ident = watch.identities[local]
@@ -344,6 +351,15 @@ class Monitor:
             )
         post_failures(self._view, self._keys, failures, self._wake_keys)
 
+    def _node_log(self) -> NodeLog:
+        """This node's log; once it exists, read without a check first."""
+        key = self._keys.log(self._p.node_rank)
+        if self._log_seen:
+            return NodeLog.parse(self._view.get(key))
+        raw = self._view.get_if_set(key)
+        self._log_seen = raw is not None
+        return NodeLog.parse(raw)
+
     def _check_wait(self, now: float, wait: _Wait) -> None:
         p, keys, view = self._p, self._keys, self._view
         if wait.kind == "release":
@@ -356,7 +372,7 @@ class Monitor:
         wait.next_check = now + self._recheck
         node_log: Optional[NodeLog] = None
         if wait.kind == "turn":
-            node_log = NodeLog.parse(view.get_if_set(keys.log(p.node_rank)))
+            node_log = self._node_log()
             progress = node_log.events
             if wait.predecessor is not None and node_log.ended(wait.predecessor):
                 view.compare_set(wait.key, "", "go")  # the predecessor's wake-up was lost

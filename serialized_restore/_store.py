@@ -56,6 +56,10 @@ class StoreView:
     def check(self, key: str) -> bool:
         return bool(self._call("check", [key]))
 
+    def check_all(self, keys: list[str]) -> bool:
+        """Whether every one of ``keys`` is set."""
+        return bool(self._call("check", keys))
+
     def set(self, key: str, value: str) -> None:
         self._call("set", key, value)
 

@@ -274,7 +274,7 @@ class TurnSchedule:
 
     def _log_node_summary(self, main: StoreView, keys: StageKeys, stage: str) -> None:
         p = self.placement
-        node_log = NodeLog.parse(main.get_if_set(keys.log(p.node_rank)))
+        node_log = NodeLog.parse(main.get(keys.log(p.node_rank)))  # set: this rank's own turn is in it
         if not node_log.durations or not node_log.started:
             return
         durations = [node_log.durations[r] for r in sorted(node_log.durations)]
