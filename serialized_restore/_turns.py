@@ -102,21 +102,25 @@ class TurnSchedule:
     # ------------------------------------------------------------------ public
 
     @contextlib.contextmanager
-    def turn(self, stage: str) -> Iterator[TurnRecord]:
+    def turn(self, stage: str, *, ordered: bool = True) -> Iterator[TurnRecord]:
         """Run the body of the ``with`` block as this rank's turn of ``stage``.
 
         (all ranks) wait for the predecessor on the node -> run the body -> announce the end -> wait for every rank
         of the job to end the stage. Raises :class:`CheckpointRestoreError` on every rank if any rank fails, times
         out or stops responding; on the rank whose body raised, the body's exception is its ``__cause__``.
+        With ``ordered=False`` every rank's turn starts at once (nobody waits for a predecessor) and nothing is
+        logged: the stage is an exchange (:meth:`on_one_rank`), not a round of turns.
         """
         record = TurnRecord(stage=stage)
         if self._job_store is None:
-            self.log.info(f"[rank {self.placement.global_rank}] serialized restore: turn for {stage!r} started")
+            if ordered:
+                self.log.info(f"[rank {self.placement.global_rank}] serialized restore: turn for {stage!r} started")
             start = time.monotonic()
             # nothing to coordinate: an exception in the body is raised as it is, exactly as upstream raises it
             yield record
             record.duration = time.monotonic() - start
-            self._log_turn_end(record)
+            if ordered:
+                self._log_turn_end(record)
             return
 
         p = self.placement
@@ -150,14 +154,15 @@ class TurnSchedule:
             try:
                 monitor.start()
                 waited_from = time.monotonic()
-                if self._wait_for_turn(main, keys, monitor) != "go":
+                if self._wait_for_turn(main, keys, monitor, ordered) != "go":
                     raise exchange.abort([])
                 record.waited = time.monotonic() - waited_from
                 main.append(keys.log(p.node_rank), NodeLog.start_line(p.local_rank, time.time()))
-                self.log.info(
-                    f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started"
-                    f" after waiting {record.waited:.2f}s"
-                )
+                if ordered:
+                    self.log.info(
+                        f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started"
+                        f" after waiting {record.waited:.2f}s"
+                    )
             except StoreLost as err:
                 raise exchange.store_lost([], err) from err.__cause__
             started = time.monotonic()
@@ -176,35 +181,48 @@ class TurnSchedule:
             try:
                 # logged before the turn is announced as ended, so that log timestamps of consecutive turns on a
                 # node never overlap
-                self._log_turn_end(record)
-                if self._end_turn(main, keys, monitor, record) != "ended":
+                if ordered:
+                    self._log_turn_end(record)
+                if self._end_turn(main, keys, monitor, record, ordered) != "ended":
                     raise exchange.abort([])
-                if p.local_rank == 0:
+                if ordered and p.local_rank == 0:
                     self._log_node_summary(main, keys, stage)
             except StoreLost as err:
                 raise exchange.store_lost([], err) from err.__cause__
         finally:
             monitor.stop()
 
-    def decide_per_node(self, stage: str, decide: Callable[[], str]) -> str:
-        """(all ranks) Local rank 0 of each node runs ``decide()`` in its turn of ``stage``; every rank of the node
-        returns that value.
+    def on_one_rank(
+        self, stage: str, compute: Callable[[], Optional[str]], *, central: bool, per_node: bool = False
+    ) -> Optional[str]:
+        """(all ranks) Run ``compute()`` on one rank and share its result, or its failure, with the others.
 
-        The other ranks wait for it as for a turn, so local rank 0 dying, hanging or raising before it decides ends
-        the wait on every rank of the job, within the bounds of a turn, with the same error. Build the schedule with
-        ``max_concurrent`` equal to the local world size so that nobody waits for the non-deciding ranks' empty turns.
-        The value is plain text (JSON where it has structure): it is read back from the store, never evaluated.
+        ``central`` is true on exactly one rank of the job (of each node with ``per_node``). Every rank takes its
+        turn of ``stage`` at once (no rank waits for another's turn); the central rank runs ``compute()`` in its turn,
+        and every rank waits for the whole job to end the stage. Every rank then returns the central rank's result
+        (plain text, read back from the store, never evaluated; ``None`` if it returned ``None``). If the central rank
+        raises, dies or hangs, every rank raises the same :class:`CheckpointRestoreError`, within the bounds of a
+        turn, and a single process raises the original exception unchanged. This is the one place where a decision
+        or a step taken on one rank is shared: ``"auto"``'s per-node decision and FSDP's rank-0 step use it.
         """
         p = self.placement
+        key = StageKeys(stage).decision(p.node_rank if per_node else -1)
         value: Optional[str] = None
-        with self.turn(stage):
-            if p.local_rank == 0:
-                value = decide()
-                if self._main is not None:
-                    self._main.set(StageKeys(stage).decision(p.node_rank), value)
-        if value is None:
-            assert self._main is not None
-            value = self._main.get(StageKeys(stage).decision(p.node_rank))
+        with self.turn(stage, ordered=False):
+            if central:
+                value = compute()
+                if value is not None and self._main is not None:
+                    self._main.set(key, value)
+        if not central and self._main is not None:
+            value = self._main.get_if_set(key)
+        return value
+
+    def decide_per_node(self, stage: str, decide: Callable[[], str]) -> str:
+        """(all ranks) Local rank 0 of each node runs ``decide()`` in its turn of ``stage``; every rank of the node
+        returns that value (:meth:`on_one_rank`): local rank 0 dying, hanging or raising before it decides ends the
+        wait on every rank of the job, within the bounds of a turn, with the same error."""
+        value = self.on_one_rank(stage, decide, central=self.placement.local_rank == 0, per_node=True)
+        assert value is not None, "decide() returned None"
         return value
 
     # ---------------------------------------------------------------- waiting
@@ -223,22 +241,23 @@ class TurnSchedule:
             self._main, self._monitor_view = main, monitor_view
         return self._main, self._monitor_view
 
-    def _wait_for_turn(self, main: StoreView, keys: StageKeys, monitor: Monitor) -> str:
+    def _wait_for_turn(self, main: StoreView, keys: StageKeys, monitor: Monitor, ordered: bool) -> str:
         """``"go"`` once this rank may start its turn, ``"failed"`` if the stage failed first."""
         p = self.placement
-        predecessor = self._order.predecessor(p.local_rank)
+        predecessor = self._order.predecessor(p.local_rank) if ordered else None
         if predecessor is None:
             return "failed" if main.get_if_set(keys.closed) == "failed" else "go"
         key = keys.wake(p.node_rank, p.local_rank)
         with monitor.waiting("turn", key, predecessor):
             return self._block(main, key, monitor)
 
-    def _end_turn(self, main: StoreView, keys: StageKeys, monitor: Monitor, record: TurnRecord) -> str:
+    def _end_turn(self, main: StoreView, keys: StageKeys, monitor: Monitor, record: TurnRecord, ordered: bool) -> str:
         """Announce the end of this rank's turn, wake its successor, and wait for every rank of the job to end the
         stage; the stage's fate: ``"ended"`` or ``"failed"``."""
         p = self.placement
         main.append(keys.log(p.node_rank), NodeLog.end_line(p.local_rank, record.duration))
-        self._wake_successor(main, keys)
+        if ordered:
+            self._wake_successor(main, keys)
         if main.add(keys.finished, 1) >= p.world_size:
             return main.compare_set(keys.closed, "", "ended")
         with monitor.waiting("end", keys.closed):
