@@ -38,7 +38,7 @@ from serialized_restore._store import ScheduleKeys, StageKeys, StoreLost, StoreV
 
 log = logging.getLogger(__name__)
 
-_TICK = 0.25
+_TICK = 0.5
 _RECHECK = 1.0
 _BEAT_MAX = 15.0
 _WHERE_AFTER = 1.0
@@ -54,6 +54,23 @@ def beat_interval(heartbeat_timeout: float) -> float:
 
 def recheck_interval(turn_timeout: float) -> float:
     return max(0.05, min(_RECHECK, turn_timeout / 10))
+
+
+_alive_cache: dict[int, tuple[float, bool]] = {}
+_alive_lock = threading.Lock()
+
+
+def process_alive_recently(pid: int, now: float, within: float) -> bool:
+    """:func:`process_alive`, shared by the monitors of one process for ``within`` seconds: where several ranks live
+    in one process (threads, as in a simulation), each pid is looked up once per tick, not once per rank."""
+    with _alive_lock:
+        cached = _alive_cache.get(pid)
+        if cached is not None and now - cached[0] < within:
+            return cached[1]
+    alive = process_alive(pid)
+    with _alive_lock:
+        _alive_cache[pid] = (now, alive)
+    return alive
 
 
 def process_alive(pid: int) -> bool:
@@ -134,9 +151,14 @@ class PeerWatch:
         """Forget heartbeat observations: between stages nobody beats."""
         self._beats.clear()
 
-    def exited(self) -> list[int]:
-        """Peers on this machine whose process is gone."""
-        return sorted(r for r, i in self.identities.items() if i.same_machine(self._me) and not process_alive(i.pid))
+    def exited(self, now: Optional[float] = None, within: float = 0.0) -> list[int]:
+        """Peers on this machine whose process is gone (as seen at most ``within`` seconds before ``now``)."""
+        now = time.monotonic() if now is None else now
+        return sorted(
+            r
+            for r, i in self.identities.items()
+            if i.same_machine(self._me) and not process_alive_recently(i.pid, now, within)
+        )
 
     def observe(self, beats: dict[int, int], now: float) -> list[tuple[int, float]]:
         """Record heartbeat counters read at ``now``; the peers silent for longer than the timeout, and for how long.
@@ -316,7 +338,7 @@ class Monitor:
                     raw = self._view.get_if_set(key)
                     if raw is not None:
                         watch.learn(local, Identity.from_json(raw))
-        gone: dict[int, tuple[bool, float]] = {local: (True, 0.0) for local in watch.exited()}
+        gone: dict[int, tuple[bool, float]] = {local: (True, 0.0) for local in watch.exited(now, self._tick / 2)}
         if now >= self._next_beats_read and watch.identities:
             self._next_beats_read = now + self._beat_every
             peers = sorted(watch.identities)

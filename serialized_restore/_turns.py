@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 _BACKSTOP = 3600.0
 """The main connection's timeout: a wait is re-issued after it (with one c10d warning) while the monitor lives."""
+_SIGNAL_CHECK = 1.0
+"""How often the main thread wakes from a wait to let Python run signal handlers (no store traffic)."""
 
 
 @dataclass(frozen=True)
@@ -272,13 +275,34 @@ class TurnSchedule:
     @staticmethod
     def _block(main: StoreView, key: str, monitor: Monitor) -> str:
         """The value of ``key`` once set. Every wait here ends by a key being set, never by its timeout, which is a
-        backstop for a dead monitor thread."""
-        while True:
+        backstop for a dead monitor thread.
+
+        The blocking ``get`` runs in a helper thread while the main thread waits on an event: a signal (Ctrl-C, a
+        launcher's SIGTERM) reaches the main thread's Python handlers at once, not when the store answers.
+        """
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def wait() -> None:
             try:
-                return main.get(key)
-            except StoreTimeout:
-                if not monitor.alive:
-                    raise
+                while True:
+                    try:
+                        outcome["value"] = main.get(key)
+                        return
+                    except StoreTimeout:
+                        if not monitor.alive:
+                            raise
+            except BaseException as err:
+                outcome["error"] = err
+            finally:
+                done.set()
+
+        threading.Thread(target=wait, name="serialized-restore-wait", daemon=True).start()
+        while not done.wait(_SIGNAL_CHECK):
+            pass
+        if "error" in outcome:
+            raise outcome["error"]
+        return str(outcome["value"])
 
     def _failure_from_exception(self, stage: str, err: BaseException) -> RankFailure:
         return failure_from_exception(self.placement, stage, err, self.checkpoint_path)

@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -133,8 +134,17 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
     if scenario.get("lose_wake_ups"):
         _lose_wake_ups()
     counts: dict[str, int] = {}
+    interrupt = scenario.get("interrupt", {}).get(str(rank))
     try:
         store = _connect(rank, world, out_dir)
+        if interrupt is not None:
+            # SIGINT to this process while its main thread waits for its turn, as Ctrl-C or a launcher would
+            def _interrupt() -> None:
+                time.sleep(interrupt)
+                outcome["interrupt_sent"] = time.time()
+                os.kill(os.getpid(), signal.SIGINT)
+
+            threading.Thread(target=_interrupt, daemon=True).start()
         if scenario.get("count_store_operations"):
             store = _CountingStore(store, counts)
         if scenario.get("gloo"):
@@ -167,6 +177,10 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
             cause=repr(err.__cause__),
             pickled=str(pickle.loads(pickle.dumps(err))) == str(err),
         )
+    except KeyboardInterrupt as err:
+        outcome["interrupted"] = time.time()
+        if interrupt is None:
+            outcome["unexpected"] = "".join(traceback.format_exception(type(err), err, err.__traceback__))
     except BaseException as err:
         outcome["unexpected"] = "".join(traceback.format_exception(type(err), err, err.__traceback__))
     outcome["ended"] = time.time()
@@ -469,3 +483,19 @@ def test_waiting_writes_nothing_to_stderr(tmp_path):
         assert outcome.get("ok"), (rank, outcome)
         text = (tmp_path / f"stderr{rank}.txt").read_text()
         assert "c10d" not in text and "timed out" not in text and "timeout" not in text, (rank, text)
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_reaches_a_rank_blocked_in_a_wait(tmp_path):
+    """Ctrl-C (SIGINT) interrupts a rank blocked in a store wait at once, not when the store answers; the rank it
+    leaves behind reports it gone."""
+    scenario = {"actions": {"0": "sleep:6"}, "interrupt": {"1": 1.5}, "silent": [], "heartbeat_timeout": 30.0}
+    result = _run(tmp_path, 2, scenario, timeout=40)
+    assert not result["hung"] and sorted(result["ranks"]) == [0, 1], result
+    interrupted = result["ranks"][1]
+    assert "unexpected" not in interrupted, interrupted["unexpected"]
+    # within a few seconds of the signal (its turn was 4.5 s away)
+    assert interrupted["interrupted"] - interrupted["interrupt_sent"] < 2.0, interrupted
+    assert not interrupted["events"]
+    survivor = result["ranks"][0]
+    assert survivor["failed_ranks"] == [1] and survivor["kinds"] == ["died"], survivor
