@@ -228,7 +228,8 @@ class Monitor:
         self._log_seen = False
         now = time.monotonic()
         self._next_beat = now + self._beat_every
-        self._next_beats_read = now
+        # the first look one beat in: a short stage costs no heartbeat read at all
+        self._next_beats_read = now + self._beat_every
         self._next_identity = now
         self._next_where = self._next_closed = 0.0
         self._main = threading.get_ident()
