@@ -163,7 +163,9 @@ class _SerializedCheckpointConnectorMixin:
         self._rank_zero_info(f"Restoring states from the checkpoint path at {checkpoint_path}")
         if self._reading == _FSDP_FULL:
             self._reader_used = "mmap"
-            checkpoint = load_full_checkpoint(self.trainer.strategy, checkpoint_path, weights_only, self._fitting())
+            strategy = self.trainer.strategy
+            schedule = self._make_schedule(checkpoint_path, _local_world_size(strategy))
+            checkpoint = load_full_checkpoint(strategy, checkpoint_path, weights_only, self._fitting(), schedule)
             self._loaded_checkpoint = self._migrate(checkpoint, checkpoint_path)
             return
         loaded = self._read(checkpoint_path, weights_only, self._options.reader)

@@ -23,11 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-import torch.distributed as dist
-
-from serialized_restore._errors import RankFailure, failure_from_exception, restore_error
 from serialized_restore._flavour import flavour_of
 from serialized_restore._readers import load_mmap, local_path, path_unmappable_reason
+from serialized_restore._turns import TurnSchedule
 
 STAGE_PREPARE_OPTIMIZER_STATE = "prepare optimizer state for FSDP"
 FULL = "full"
@@ -51,9 +49,12 @@ def checkpoint_kind(strategy: Any, path: Any) -> tuple[Optional[str], str]:
     return (FULL, "") if reason is None else (None, reason)
 
 
-def load_full_checkpoint(strategy: Any, path: Any, weights_only: Optional[bool], fitting: bool) -> dict[str, Any]:
+def load_full_checkpoint(
+    strategy: Any, path: Any, weights_only: Optional[bool], fitting: bool, schedule: TurnSchedule
+) -> dict[str, Any]:
     """(all ranks together) ``FSDPStrategy.load_checkpoint`` for a full checkpoint, with the file memory-mapped and
     the optimizer state given to FSDP by rank 0 only. Returns the checkpoint dict without ``state_dict``.
+    ``schedule`` shares rank 0's step (``TurnSchedule.on_one_rank``); no rank takes turns with the weights.
 
     ``weights_only=None`` means ``False`` here, as for upstream's FSDP restore, which unpickles without restriction.
     """
@@ -80,13 +81,11 @@ def load_full_checkpoint(strategy: Any, path: Any, weights_only: Optional[bool],
     # rank 0 prepares alone, before any collective: if it fails, the other ranks must hear of it instead of waiting in
     # FSDP's broadcast until the process group times out
     prepared: list[dict[str, Any]] = [{} for _ in optimizer_states]
-    raised: Optional[Exception] = None
-    if strategy.global_rank == 0:
-        try:
-            prepared = [_keyed_by_name(state, model) for state in optimizer_states]
-        except Exception as err:
-            raised = err
-    _raise_if_any_failed(strategy, path, raised)
+
+    def prepare() -> None:
+        prepared[:] = [_keyed_by_name(state, model) for state in optimizer_states]
+
+    schedule.on_one_rank(STAGE_PREPARE_OPTIMIZER_STATE, prepare, central=strategy.global_rank == 0)
     with full_state_dict_context(model, world_size=strategy.world_size, rank0_only=True):
         for optimizer, state in zip(strategy.optimizers, prepared):
             # with rank0_only, FSDP reads the state on rank 0 and broadcasts it tensor by tensor; the others pass {}
@@ -104,19 +103,3 @@ def _keyed_by_name(state: dict[str, Any], model: Any) -> dict[str, Any]:
         return FSDP.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_NAME, model)
     return state
 
-
-def _raise_if_any_failed(strategy: Any, path: Any, raised: Optional[Exception]) -> None:
-    """(all ranks) If any rank failed, raise the same error on every rank (:func:`restore_error`); a single
-    process raises its own exception unchanged."""
-    if raised is not None and not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        raise raised
-    mine = None
-    if raised is not None:
-        mine = failure_from_exception(strategy, STAGE_PREPARE_OPTIMIZER_STATE, raised, str(path)).to_json()
-    gathered: list[Any] = [mine]
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine)
-    failures = [RankFailure.from_json(text) for text in gathered if text]
-    if failures:
-        raise restore_error(str(path), failures, strategy.global_rank, raised) from raised

@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -55,13 +56,97 @@ def _connect(rank: int, world: int, out_dir: Path) -> dist.TCPStore:
     return store
 
 
+class _CountingStore(dist.Store):
+    """A real store's client, wrapped: forwards every call (clones included) and counts it."""
+
+    def __init__(self, inner: Any, counts: dict[str, int]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.counts = counts
+        self._clones: list[Any] = []
+        dist.Store.set_timeout(self, inner.timeout)
+
+    def _hit(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def set(self, key, value):  # noqa: ANN001, ANN201
+        self._hit("set")
+        return self.inner.set(key, value)
+
+    def get(self, key):  # noqa: ANN001, ANN201
+        self._hit("get")
+        if self.timeout != self.inner.timeout:
+            self.inner.set_timeout(self.timeout)
+        return self.inner.get(key)
+
+    def add(self, key, value):  # noqa: ANN001, ANN201
+        self._hit("add")
+        return self.inner.add(key, value)
+
+    def check(self, keys):  # noqa: ANN001, ANN201
+        self._hit("check")
+        return self.inner.check(keys)
+
+    def compare_set(self, key, expected, desired):  # noqa: ANN001, ANN201
+        self._hit("compare_set")
+        return self.inner.compare_set(key, expected, desired)
+
+    def append(self, key, value):  # noqa: ANN001, ANN201
+        self._hit("append")
+        return self.inner.append(key, value)
+
+    def multi_get(self, keys):  # noqa: ANN001, ANN201
+        self._hit("multi_get")
+        return self.inner.multi_get(keys)
+
+    def multi_set(self, keys, values):  # noqa: ANN001, ANN201
+        self._hit("multi_set")
+        return self.inner.multi_set(keys, values)
+
+    def wait(self, keys, timeout=None):  # noqa: ANN001, ANN201
+        self._hit("wait")
+        return self.inner.wait(keys, self.timeout if timeout is None else timeout)
+
+    def set_timeout(self, timeout):  # noqa: ANN001, ANN201
+        dist.Store.set_timeout(self, timeout)
+        self.inner.set_timeout(timeout)
+
+    def clone(self):  # noqa: ANN201
+        copy = _CountingStore(self.inner.clone(), self.counts)
+        self._clones.append(copy)
+        return copy
+
+
+def _lose_wake_ups() -> None:
+    """(in a forked rank) Drop every wake-up a rank sends its successor, as if the store had lost it."""
+    TurnSchedule._wake_successor = lambda self, main, keys: None  # type: ignore[method-assign]
+
+
 def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> None:
     """(one forked rank) take part in the stages of ``scenario`` and write the outcome; never returns."""
     out_dir = Path(out)
     outcome: dict[str, Any] = {"events": []}
     started = time.time()
+    if scenario.get("capture_stderr"):
+        # the file descriptor itself: c10d writes its warnings from C++, past Python's sys.stderr
+        fd = os.open(str(out_dir / f"stderr{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 2)
+    if scenario.get("lose_wake_ups"):
+        _lose_wake_ups()
+    counts: dict[str, int] = {}
+    interrupt = scenario.get("interrupt", {}).get(str(rank))
     try:
         store = _connect(rank, world, out_dir)
+        if interrupt is not None:
+            # SIGINT to this process while its main thread waits for its turn, as Ctrl-C or a launcher would
+            def _interrupt() -> None:
+                time.sleep(interrupt)
+                outcome["interrupt_sent"] = time.time()
+                os.kill(os.getpid(), signal.SIGINT)
+
+            threading.Thread(target=_interrupt, daemon=True).start()
+        if scenario.get("count_store_operations"):
+            store = _CountingStore(store, counts)
         if scenario.get("gloo"):
             dist.init_process_group("gloo", store=dist.PrefixStore("pg/", store), rank=rank, world_size=world)
         lws = scenario.get("local_world_size", world)
@@ -92,10 +177,15 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
             cause=repr(err.__cause__),
             pickled=str(pickle.loads(pickle.dumps(err))) == str(err),
         )
+    except KeyboardInterrupt as err:
+        outcome["interrupted"] = time.time()
+        if interrupt is None:
+            outcome["unexpected"] = "".join(traceback.format_exception(type(err), err, err.__traceback__))
     except BaseException as err:
         outcome["unexpected"] = "".join(traceback.format_exception(type(err), err, err.__traceback__))
     outcome["ended"] = time.time()
     outcome["elapsed"] = outcome["ended"] - started
+    outcome["store_operations"] = counts
     (out_dir / f"rank{rank}.json").write_text(json.dumps(outcome))
     if rank == 0:
         # the store lives in this process: stay until the others are done with it
@@ -348,3 +438,64 @@ def test_error_merges_duplicate_reports_and_survives_pickling():
     clone = pickle.loads(pickle.dumps(err))
     assert type(clone) is type(err) and str(clone) == str(err) and clone.failures == err.failures
     assert RankFailure.from_json(own.to_json()) == own
+
+
+@pytest.mark.timeout(60)
+def test_a_failure_wakes_blocked_ranks_at_once_and_waiting_polls_nothing(tmp_path):
+    """Ranks blocked for seconds in a wait (for their turn, for the stage's end) wake as soon as a rank raises, and
+    spend only a few store operations while they wait: they block on a key, they do not poll."""
+    scenario = {"actions": {"1": "raise:3"}, "count_store_operations": True}
+    result = _run(tmp_path, 4, scenario, timeout=40)
+    _assert_every_rank_raised(result, 4, [1])
+    raised_at = result["fault"]["at"] + 3.0
+    for rank, outcome in result["ranks"].items():
+        # well within a second of the raise, for ranks that had waited 3 s (a generous bound on a loaded machine)
+        assert outcome["ended"] - raised_at < 1.0, (rank, outcome["ended"] - raised_at)
+        # the whole stage: arrival, turn, 3 s of waiting, the failure exchange. Polling every 20 ms, as an earlier
+        # design did, is hundreds; the monitor's re-checks are one or two a second
+        assert sum(outcome["store_operations"].values()) < 40, (rank, outcome["store_operations"])
+
+
+@pytest.mark.timeout(90)
+def test_a_lost_wake_up_never_hangs(tmp_path):
+    """If every wake-up a rank sends its successor is lost, the successor's monitor sees the predecessor's end on its
+    next re-check and starts the turn: the order holds, nothing hangs."""
+    scenario = {"lose_wake_ups": True, "stages": 2, "body": 0.2}
+    result = _run(tmp_path, 3, scenario, timeout=60)
+    assert not result["hung"] and sorted(result["ranks"]) == [0, 1, 2], result
+    for rank, outcome in result["ranks"].items():
+        assert outcome.get("ok"), (rank, outcome)
+    for stage_index in range(2):
+        intervals = [result["ranks"][r]["events"][stage_index][1:] for r in range(3)]
+        for before, after in zip(intervals, intervals[1:]):
+            # in order, and caught by the re-check (1 s) rather than by any timeout (30 s here)
+            assert before[1] <= after[0] < before[1] + 5.0, intervals
+
+
+@pytest.mark.timeout(60)
+def test_waiting_writes_nothing_to_stderr(tmp_path):
+    """Seconds of waiting (many slices of the monitor's re-checks) write no c10d warning to stderr: no wait ends by
+    its timeout."""
+    scenario = {"actions": {"0": "sleep:4"}, "capture_stderr": True, "stages": 2}
+    result = _run(tmp_path, 3, scenario, timeout=40)
+    assert not result["hung"] and sorted(result["ranks"]) == [0, 1, 2], result
+    for rank, outcome in result["ranks"].items():
+        assert outcome.get("ok"), (rank, outcome)
+        text = (tmp_path / f"stderr{rank}.txt").read_text()
+        assert "c10d" not in text and "timed out" not in text and "timeout" not in text, (rank, text)
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_reaches_a_rank_blocked_in_a_wait(tmp_path):
+    """Ctrl-C (SIGINT) interrupts a rank blocked in a store wait at once, not when the store answers; the rank it
+    leaves behind reports it gone."""
+    scenario = {"actions": {"0": "sleep:6"}, "interrupt": {"1": 1.5}, "silent": [], "heartbeat_timeout": 30.0}
+    result = _run(tmp_path, 2, scenario, timeout=40)
+    assert not result["hung"] and sorted(result["ranks"]) == [0, 1], result
+    interrupted = result["ranks"][1]
+    assert "unexpected" not in interrupted, interrupted["unexpected"]
+    # within a few seconds of the signal (its turn was 4.5 s away)
+    assert interrupted["interrupted"] - interrupted["interrupt_sent"] < 2.0, interrupted
+    assert not interrupted["events"]
+    survivor = result["ranks"][0]
+    assert survivor["failed_ranks"] == [1] and survivor["kinds"] == ["died"], survivor

@@ -1,0 +1,69 @@
+"""Turn order: who waits for whom on a node, and what a node's turns have done so far. Pure, no store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class TurnOrder:
+    """Per node, local rank ``r`` starts its turn when local rank ``r - k`` has ended its own: ``k`` chains, each
+    running one turn at a time, so at most ``k`` local ranks of a node are inside a turn at once."""
+
+    local_world_size: int
+    max_concurrent: int
+
+    def predecessor(self, local: int) -> Optional[int]:
+        before = local - self.max_concurrent
+        return before if before >= 0 else None
+
+    def successor(self, local: int) -> Optional[int]:
+        after = local + self.max_concurrent
+        return after if after < self.local_world_size else None
+
+
+@dataclass
+class NodeLog:
+    """A node's turn events of one stage, as appended to its ``log`` key: ``start <local> <unix time>`` and
+    ``end <local> <duration>`` lines. Lines that are not ours are ignored."""
+
+    started: dict[int, float] = field(default_factory=dict)
+    durations: dict[int, float] = field(default_factory=dict)
+    events: int = 0
+
+    @staticmethod
+    def start_line(local: int, at: float) -> str:
+        return f"start {local} {at:.6f}\n"
+
+    @staticmethod
+    def end_line(local: int, duration: float) -> str:
+        return f"end {local} {duration:.6f}\n"
+
+    @classmethod
+    def parse(cls, text: Optional[str]) -> NodeLog:
+        log = cls()
+        for line in (text or "").splitlines():
+            parts = line.split()
+            if len(parts) != 3 or parts[0] not in ("start", "end"):
+                continue
+            try:
+                local, value = int(parts[1]), float(parts[2])
+            except ValueError:
+                continue
+            log.events += 1
+            (log.started if parts[0] == "start" else log.durations)[local] = value
+        return log
+
+    def ended(self, local: int) -> bool:
+        return local in self.durations
+
+    def inside(self) -> list[int]:
+        """Local ranks inside their turn: started, not ended."""
+        return sorted(local for local in self.started if local not in self.durations)
+
+    def doing(self, local: int) -> str:
+        """What a local rank was doing, in words, for a message."""
+        if local in self.durations:
+            return "after its turn, waiting for the other ranks to end the stage"
+        return "inside its turn" if local in self.started else "waiting for its turn"

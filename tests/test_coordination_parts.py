@@ -1,0 +1,130 @@
+"""The pure parts of the turn schedule, without processes or a store: turn order, the node log, liveness bookkeeping
+and the failure messages. The protocol itself is tested with real processes in ``test_turns.py``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from serialized_restore._diagnosis import Where, gone_failure, parse_reports, store_lost_failure, timeout_failures
+from serialized_restore._errors import RankFailure
+from serialized_restore._liveness import Identity, PeerWatch, beat_interval, process_alive, recheck_interval
+from serialized_restore._options import HEARTBEAT_TIMEOUT_ENV, TURN_TIMEOUT_ENV
+from serialized_restore._order import NodeLog, TurnOrder
+
+STAGE = "restore modules and callbacks"
+
+
+def test_turn_order_forms_k_chains():
+    order = TurnOrder(local_world_size=8, max_concurrent=3)
+    assert [order.predecessor(r) for r in range(8)] == [None, None, None, 0, 1, 2, 3, 4]
+    assert [order.successor(r) for r in range(8)] == [3, 4, 5, 6, 7, None, None, None]
+    single = TurnOrder(local_world_size=1, max_concurrent=1)
+    assert single.predecessor(0) is None and single.successor(0) is None
+
+
+def test_node_log_reads_starts_and_ends_and_skips_foreign_lines():
+    text = NodeLog.start_line(0, 100.0) + NodeLog.end_line(0, 2.5) + NodeLog.start_line(1, 102.5) + "junk\nend x y\n"
+    log = NodeLog.parse(text)
+    assert log.events == 3
+    assert log.started == {0: 100.0, 1: 102.5} and log.durations == {0: 2.5}
+    assert log.ended(0) and not log.ended(1) and log.inside() == [1]
+    assert log.doing(1) == "inside its turn" and log.doing(2) == "waiting for its turn"
+    assert log.doing(0).startswith("after its turn")
+    assert NodeLog.parse(None).events == 0
+
+
+def test_rates_follow_the_timeouts():
+    assert beat_interval(60.0) == 15.0 and beat_interval(2.0) == 0.5 and beat_interval(3600.0) == 15.0
+    assert recheck_interval(1800.0) == 1.0 and abs(recheck_interval(1.5) - 0.15) < 1e-9
+
+
+def test_silence_is_measured_from_the_first_sight_of_a_value():
+    watch = PeerWatch(global_rank=0, local_rank=0, local_world_size=3, heartbeat_timeout=2.0)
+    assert watch.missing() == [1, 2]
+    assert watch.observe({1: 5, 2: 7}, now=0.0) == []
+    # rank 1 beats, rank 2 is silent: blamed only once more than the timeout has passed since its value was seen
+    assert watch.observe({1: 6, 2: 7}, now=1.5) == []
+    assert watch.observe({1: 7, 2: 7}, now=2.5) == [(2, 2.5)]
+    # an observer that looked late sees a changed value: no blame for its own delay
+    assert watch.observe({1: 9, 2: 8}, now=10.0) == []
+    watch.new_stage()
+    assert watch.observe({1: 9, 2: 8}, now=20.0) == []  # between stages nobody beats: observations start over
+
+
+def test_a_process_gone_from_this_machine_is_seen_exited():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    watch = PeerWatch(global_rank=0, local_rank=0, local_world_size=3, heartbeat_timeout=60.0)
+    me = Identity.of_this_process(0)
+    watch.learn(1, Identity(1, child.pid, me.machine))
+    watch.learn(2, Identity(2, child.pid, "another machine"))  # not ours to look at: heartbeats only
+    assert process_alive(me.pid) and not process_alive(child.pid)
+    assert watch.exited() == [1]
+    assert watch.missing() == []
+
+
+def _where(*frames: tuple[str, int, str, str]) -> Where:
+    return Where(list(frames))
+
+
+def test_timeout_names_the_rank_inside_its_turn_and_its_collective():
+    log = NodeLog.parse(NodeLog.start_line(0, 1000.0))
+    where = _where(
+        ("train.py", 42, "on_load_checkpoint", "dist.broadcast(t, 0)"),
+        ("/x/torch/distributed/c10d_logger.py", 80, "wrapper", ""),
+        ("/x/torch/distributed/distributed_c10d.py", 2000, "broadcast", ""),
+    )
+    (failure,) = timeout_failures(
+        stage=STAGE,
+        observer=(1, 0, 1),
+        local_world_size=3,
+        turn_timeout=8.0,
+        idle=8.5,
+        what="the end of local rank 0's turn",
+        logs={0: log},
+        arrived={(0, 0): 0, (0, 1): 1, (0, 2): 2},
+        wheres={(0, 0): where},
+        now=1009.0,
+    )
+    assert (failure.global_rank, failure.kind, failure.reported_by) == (0, "timeout", 1)
+    assert failure.message.startswith("still inside its turn after 9.0s, and no turn on node 0")
+    assert f"{TURN_TIMEOUT_ENV} (seconds, now 8)" in failure.message
+    assert "blocked in the collective `torch.distributed.broadcast`" in failure.message
+    assert "`on_load_checkpoint` (train.py, line 42)" in failure.message
+    assert "must not run collectives" in failure.message
+
+
+def test_timeout_names_ranks_that_never_arrived_else_the_observer():
+    log = NodeLog.parse(NodeLog.start_line(0, 1.0) + NodeLog.end_line(0, 1.0))
+    common = dict(stage=STAGE, observer=(0, 0, 0), local_world_size=2, turn_timeout=1.5, idle=2.0, what="x", now=5.0)
+    (absent,) = timeout_failures(logs={0: log}, arrived={(0, 0): 0}, wheres={}, **common)
+    assert absent.global_rank == 1 and "has not reached the restore" in absent.message
+    (nobody,) = timeout_failures(logs={0: log}, arrived={(0, 0): 0, (0, 1): 1}, wheres={}, **common)
+    assert nobody.global_rank == 0 and "no rank is inside its turn" in nobody.message
+
+
+def test_gone_messages_say_what_the_rank_was_doing_and_the_setting():
+    common = dict(stage=STAGE, observer=0, node=0, local=1, global_rank=1, pid=1234, heartbeat_timeout=3.0)
+    died = gone_failure(exited=True, doing="inside its turn", silent=0.0, **common)
+    assert died.kind == "died" and "(pid 1234) exited while inside its turn" in died.message
+    assert "killed" in died.message and HEARTBEAT_TIMEOUT_ENV in died.message
+    silent = gone_failure(exited=False, doing="waiting for its turn", silent=3.4, **common)
+    assert silent.kind == "unresponsive" and "stopped responding while waiting for its turn" in silent.message
+    assert f"Set {HEARTBEAT_TIMEOUT_ENV} (seconds, now 3)" in silent.message and "3.4s" in silent.message
+
+
+def test_store_lost_names_rank_zero_and_the_cause(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    failure = store_lost_failure(STAGE, 2, ConnectionResetError("Connection reset by peer\nmore"))
+    assert (failure.global_rank, failure.kind, failure.reported_by) == (0, "store lost", 2)
+    assert "hosted by global rank 0" in failure.message and "ConnectionResetError: Connection reset by peer)" in (
+        failure.message
+    )
+
+
+def test_reports_that_are_not_ours_are_named_as_such():
+    good = RankFailure(1, 0, 1, STAGE, "exception", "ValueError: x")
+    parsed = parse_reports(good.to_json() + "\n\n{not json\n", STAGE)
+    assert parsed[0] == good
+    assert parsed[1].kind == "malformed report" and parsed[1].global_rank == -1
