@@ -9,8 +9,9 @@ record must never be unpickled or evaluated.
 This file relies only on ``TurnSchedule``'s public API and on the names of the store keys the schedule uses (its
 implementation is free to change otherwise): a restore's keys live in a ``PrefixStore`` with the prefix
 ``serialized_restore/<generation>/`` (generation 1 for the first restore of a process), a stage's keys under
-``<stage with '_' for ' '>/``, and a failure is announced by appending a JSON line to ``reports`` and then adding 1 to
-``failures``. A rank's turn has started once ``start/<node>/<local rank>`` is set.
+``<stage with '_' for ' '>/``, and a failure is announced by appending a JSON line to ``reports``, adding 1 to
+``failures``, closing the stage (``compare_set(closed, "", "failed")``) and setting every rank's ``wake/<node>/<local
+rank>`` key. A node's first turn has started once its log ``log/<node>`` exists.
 """
 
 from __future__ import annotations
@@ -105,10 +106,14 @@ def _intruder_main(out: str, record: bytes) -> None:
     try:
         store = dist.PrefixStore(NAMESPACE, _connect(1, out_dir))  # a client, like any rank but 0
         deadline = time.monotonic() + 30
-        while not store.check([KEYS + "start/0/0"]) and time.monotonic() < deadline:
+        while not store.check([KEYS + "log/0"]) and time.monotonic() < deadline:
             time.sleep(0.01)
+        # as a rank posting a failure: the report, the count, the stage closed as failed, every waiter woken
         store.append(KEYS + "reports", record)
         store.add(KEYS + "failures", 1)
+        store.compare_set(KEYS + "closed", "", "failed")
+        wake = [KEYS + f"wake/0/{local}" for local in range(WORLD)]
+        store.multi_set(wake, ["failed"] * len(wake))
         (out_dir / "fault.json").write_text(json.dumps({"at": time.time()}))
     except BaseException:
         (out_dir / "fault.json").write_text(json.dumps({"unexpected": traceback.format_exc()}))
