@@ -319,7 +319,7 @@ class _SerializedCheckpointConnectorMixin:
             return json.dumps([plan.max_concurrent, plan.describe()])
 
         schedule = self._make_schedule(checkpoint_path, _local_world_size(strategy))
-        k, figures = json.loads(schedule.decide_per_node(STAGE_PLAN, decide))
+        k, figures = _parse_plan(schedule.decide_per_node(STAGE_PLAN, decide))
         if self.trainer.local_rank == 0:
             self._log.info(f'serialized restore: "auto" chose k={k} for node {self.trainer.node_rank}: {figures}')
         if k < 1:
@@ -352,6 +352,18 @@ class _SerializedCheckpointConnectorMixin:
             heartbeat_timeout=self._options.heartbeat_timeout,
             logger=self._log,
         )
+
+
+def _parse_plan(text: str) -> tuple[int, str]:
+    """``[k, figures]`` as local rank 0 wrote it to the store; a clear ``ValueError`` for anything else (the store is
+    not authenticated: see docs/security.md)."""
+    try:
+        k, figures = json.loads(text)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f'"auto" read a malformed decision from the job\'s store: {text[:200]!r} ({err})') from None
+    if isinstance(k, bool) or not isinstance(k, int) or not isinstance(figures, str):
+        raise ValueError(f'"auto" read a malformed decision from the job\'s store: {text[:200]!r}')
+    return k, figures
 
 
 def _local_world_size(strategy: Any) -> int:

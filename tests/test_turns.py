@@ -161,6 +161,15 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
         action = scenario.get("actions", {}).get(str(rank))
         if action == "absent":
             time.sleep(60)
+        decide = scenario.get("decide")
+        if decide is not None:
+            # as "auto" plans a restore: local rank 0 of each node decides, its node's ranks take its value
+            def _decision() -> str:
+                if str(rank) in decide:
+                    _misbehave(decide[str(rank)], rank, out_dir)
+                return json.dumps({"decided_by": rank})
+
+            outcome["decision"] = json.loads(schedule.decide_per_node("plan restore", _decision))
         for stage in STAGES[: scenario.get("stages", 1)]:
             with schedule.turn(stage):
                 outcome["events"].append((stage, time.time(), None))
@@ -499,3 +508,26 @@ def test_a_signal_reaches_a_rank_blocked_in_a_wait(tmp_path):
     assert not interrupted["events"]
     survivor = result["ranks"][0]
     assert survivor["failed_ranks"] == [1] and survivor["kinds"] == ["died"], survivor
+
+
+@pytest.mark.timeout(60)
+def test_each_node_takes_its_local_rank_zeros_decision(tmp_path):
+    """`decide_per_node` (what "auto" plans with): every rank of a node gets the value its local rank 0 computed."""
+    result = _run(tmp_path, 4, {"local_world_size": 2, "decide": {}}, timeout=40)
+    assert not result["hung"] and sorted(result["ranks"]) == [0, 1, 2, 3], result
+    for rank, outcome in result["ranks"].items():
+        assert outcome.get("ok"), (rank, outcome)
+        assert outcome["decision"] == {"decided_by": rank - rank % 2}, rank
+
+
+@pytest.mark.timeout(60)
+def test_a_local_rank_zero_killed_before_its_decision_ends_every_wait(tmp_path):
+    """Local rank 0 of node 1 dies while it decides: its node sees the process gone, the job hears of it, and every
+    rank raises within seconds naming it, instead of waiting for a decision until the turn timeout (30 s here)."""
+    scenario = {"local_world_size": 2, "decide": {"2": "kill"}, "silent": [2], "turn_timeout": 30.0}
+    result = _run(tmp_path, 4, scenario, timeout=40)
+    _assert_every_rank_raised(result, 4, [2])
+    for rank, outcome in result["ranks"].items():
+        assert outcome["kinds"] == ["died"], (rank, outcome["kinds"])
+        assert "plan restore" in outcome["error"], rank
+        assert outcome["ended"] - result["fault"]["at"] < 5.0, (rank, outcome["ended"] - result["fault"]["at"])
