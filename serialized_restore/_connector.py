@@ -36,10 +36,10 @@ import torch.distributed as dist
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, SHARDED, checkpoint_kind, fsdp_strategy_class, load_full_checkpoint
 from serialized_restore._memory import plan_auto
-from serialized_restore._options import AVAILABLE_MEMORY_ENV, RestoreOptions
+from serialized_restore._options import AVAILABLE_MEMORY_ENV, READER_ENV, RestoreOptions
 from serialized_restore._readers import clone_tensors, local_path, mmap_unsupported_reason, read_checkpoint
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
-from serialized_restore._turns import RankPlacement, TurnSchedule
+from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
 
 STAGE_FETCH = "fetch checkpoint"
 STAGE_PLAN = "plan restore"
@@ -104,7 +104,7 @@ class _SerializedCheckpointConnectorMixin:
                     super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
                 finally:
                     self._reading = None
-                record.bytes_read = self._bytes_read
+                record.bytes_read, record.reader = self._bytes_read, self._reader_used
                 self._release_after_modules()
         except BaseException:
             self._abandon()
@@ -199,14 +199,18 @@ class _SerializedCheckpointConnectorMixin:
     # ------------------------------------------------------------- stage 2
 
     def restore_training_state(self) -> None:
-        """(all ranks) Stage 2 in turns: precision plugin, loops, optimizers, lr schedulers; then free the rest."""
+        """(all ranks) Stage 2 in turns: precision plugin, loops, optimizers, lr schedulers; then free the rest.
+
+        Outside ``fit`` the cached dict holds neither weights nor optimizer state by now, so nothing is read or
+        copied: the ranks run the stage at once (``ordered=False``: failures still reach every rank), not in turns.
+        """
         schedule, self._schedule = self._schedule, None
         if schedule is None:
             super().restore_training_state()  # type: ignore[misc]
             return
         try:
-            with schedule.turn(STAGE_TRAINING_STATE) as record:
-                record.bytes_read = self._prepare_optimizer_states()
+            with schedule.turn(STAGE_TRAINING_STATE, ordered=self._fitting()) as record:
+                self._prepare_optimizer_states(record)
                 super().restore_training_state()  # type: ignore[misc]
                 self._loaded_checkpoint = {}
         except BaseException:
@@ -215,20 +219,19 @@ class _SerializedCheckpointConnectorMixin:
         # every rank of the job has ended the stage: nobody reads the local copy any more
         self._remove_local_copy()
 
-    def _prepare_optimizer_states(self) -> int:
-        """Give the cached dict optimizer state in private memory; return the bytes read or copied."""
+    def _prepare_optimizer_states(self, record: TurnRecord) -> None:
+        """Give the cached dict optimizer state in private memory; count in ``record`` what was read or copied."""
         if not self._fitting():
-            return 0
+            return
         if self._reread_optimizer_states:
             self._reread_optimizer_states = False
             reread = self._read(self._ckpt_path, self._weights_only, "eager")
             self._loaded_checkpoint["optimizer_states"] = reread[0]["optimizer_states"]
-            return reread[2]
-        if self._reader_used == "mmap" and "optimizer_states" in self._loaded_checkpoint:
+            record.bytes_read, record.reader = reread[2], reread[1]
+        elif self._reader_used == "mmap" and "optimizer_states" in self._loaded_checkpoint:
             states, copied = clone_tensors(self._loaded_checkpoint["optimizer_states"])
             self._loaded_checkpoint["optimizer_states"] = states
-            return copied
-        return 0
+            record.bytes_copied = copied
 
     def resume_end(self) -> None:
         self._schedule = None
@@ -326,8 +329,13 @@ class _SerializedCheckpointConnectorMixin:
             raise MemoryError(
                 '`Trainer(serialized_checkpoint_loading="auto")` found that not even one rank of node'
                 f" {self.trainer.node_rank} can restore {str(checkpoint_path)!r} in the memory available ({figures})."
-                f" Free memory, read the checkpoint memory-mapped, or set {AVAILABLE_MEMORY_ENV} if the estimate is"
-                " wrong."
+                + (
+                    " Free memory, let it be read memory-mapped (a local checkpoint in torch's zip format, read by the"
+                    f" stock TorchCheckpointIO, and {READER_ENV} not `eager`),"
+                    if reader == "eager"
+                    else " Free memory,"
+                )
+                + f" or set {AVAILABLE_MEMORY_ENV} if the estimate is wrong."
             )
         return int(k)
 

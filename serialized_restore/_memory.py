@@ -35,12 +35,35 @@ class AutoPlan:
     need_per_turn: int
 
     def describe(self) -> str:
-        gib = 2**30
+        how = "memory-mapped" if self.reader == "mmap" else "eagerly"
         return (
-            f"{self.available / gib:.2f} GiB available ({self.available_source}), {SAFETY_MARGIN:.0%} kept as margin;"
-            f" one turn needs about {self.need_per_turn / gib:.2f} GiB (checkpoint {self.checkpoint_size / gib:.2f}"
-            f" GiB, read {self.reader}); {self.local_world_size} local ranks"
+            f"{format_bytes(self.available)} available ({self.available_source}), {SAFETY_MARGIN:.0%} kept as margin;"
+            f" one turn needs about {format_bytes(self.need_per_turn)} (checkpoint {format_bytes(self.checkpoint_size)},"
+            f" read {how}); {self.local_world_size} local ranks"
         )
+
+
+def format_bytes(count: int) -> str:
+    """``1.4 GiB``, ``35.2 KiB``, ``12 B``: a unit that fits, at every checkpoint size."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def private_memory() -> int:
+    """This process's private (anonymous) resident memory in bytes: ``RssAnon`` on Linux, which leaves out pages of
+    a memory-mapped checkpoint; the resident set size elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(psutil.Process().memory_info().rss)
 
 
 def plan_auto(checkpoint_size: int, reader: str, local_world_size: int) -> AutoPlan:

@@ -26,10 +26,14 @@ class TurnOrder:
 @dataclass
 class NodeLog:
     """A node's turn events of one stage, as appended to its ``log`` key: ``start <local> <unix time>`` and
-    ``end <local> <duration>`` lines. Lines that are not ours are ignored."""
+    ``end <local> <duration> [<bytes moved> <private memory>]`` lines. Lines that are not ours are ignored."""
 
     started: dict[int, float] = field(default_factory=dict)
     durations: dict[int, float] = field(default_factory=dict)
+    moved: dict[int, int] = field(default_factory=dict)
+    """Bytes each local rank read or copied in its turn."""
+    private: dict[int, int] = field(default_factory=dict)
+    """Each local rank's private memory at the end of its turn, in bytes."""
     events: int = 0
 
     @staticmethod
@@ -37,22 +41,25 @@ class NodeLog:
         return f"start {local} {at:.6f}\n"
 
     @staticmethod
-    def end_line(local: int, duration: float) -> str:
-        return f"end {local} {duration:.6f}\n"
+    def end_line(local: int, duration: float, moved: int = 0, private: int = 0) -> str:
+        return f"end {local} {duration:.6f} {int(moved)} {int(private)}\n"
 
     @classmethod
     def parse(cls, text: Optional[str]) -> NodeLog:
         log = cls()
         for line in (text or "").splitlines():
             parts = line.split()
-            if len(parts) != 3 or parts[0] not in ("start", "end"):
+            if len(parts) not in (3, 5) or parts[0] not in ("start", "end") or (parts[0] == "start") != (len(parts) == 3):
                 continue
             try:
                 local, value = int(parts[1]), float(parts[2])
+                extra = [int(x) for x in parts[3:]]
             except ValueError:
                 continue
             log.events += 1
             (log.started if parts[0] == "start" else log.durations)[local] = value
+            if extra:
+                log.moved[local], log.private[local] = extra
         return log
 
     def ended(self, local: int) -> bool:

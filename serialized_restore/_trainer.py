@@ -43,7 +43,8 @@ class SerializedRestoreTrainerMixin:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "__init__" not in cls.__dict__:
+        # the flavour's Trainer itself (its subclasses inherit the result, or define their own ``__init__``)
+        if SerializedRestoreTrainerMixin in cls.__bases__ and "__init__" not in cls.__dict__:
             cls.__init__ = _with_upstream_signature(cls)  # type: ignore[misc]
 
     def _run(self, *args: Any, **kwargs: Any) -> Any:

@@ -33,6 +33,7 @@ from serialized_restore._diagnosis import store_lost_failure
 from serialized_restore._errors import RankFailure, failure_from_exception, restore_error
 from serialized_restore._exchange import Exchange
 from serialized_restore._liveness import Identity, Monitor, PeerWatch
+from serialized_restore._memory import format_bytes, private_memory
 from serialized_restore._order import NodeLog, TurnOrder
 from serialized_restore._store import ScheduleKeys, StageKeys, StoreLost, StoreTimeout, StoreView, open_namespace
 
@@ -57,12 +58,27 @@ class RankPlacement:
 
 @dataclass
 class TurnRecord:
-    """What one rank's turn did; the body of a turn fills in ``bytes_read``."""
+    """What one rank's turn did; the body of a turn fills in ``bytes_read``, ``bytes_copied`` and ``reader``."""
 
     stage: str
     waited: float = 0.0
     duration: float = 0.0
     bytes_read: int = 0
+    """Bytes of the file read (or mapped) in the turn."""
+    bytes_copied: int = 0
+    """Bytes copied out of the memory-mapped file into private memory in the turn."""
+    reader: str = ""
+    """``"mmap"`` or ``"eager"`` when the turn read the file."""
+
+    def describe(self) -> str:
+        """What the turn moved, in words: ``read 1.4 GiB memory-mapped``, ``copied 16.1 MiB out of the mapped file``."""
+        done = []
+        if self.bytes_read or self.reader:
+            how = {"mmap": " memory-mapped", "eager": " eagerly"}.get(self.reader, "")
+            done.append(f"read {format_bytes(self.bytes_read)}{how}")
+        if self.bytes_copied:
+            done.append(f"copied {format_bytes(self.bytes_copied)} out of the mapped file")
+        return ", ".join(done) or "read nothing"
 
 
 class TurnSchedule:
@@ -258,7 +274,8 @@ class TurnSchedule:
         """Announce the end of this rank's turn, wake its successor, and wait for every rank of the job to end the
         stage; the stage's fate: ``"ended"`` or ``"failed"``."""
         p = self.placement
-        main.append(keys.log(p.node_rank), NodeLog.end_line(p.local_rank, record.duration))
+        moved = record.bytes_read + record.bytes_copied
+        main.append(keys.log(p.node_rank), NodeLog.end_line(p.local_rank, record.duration, moved, private_memory()))
         if ordered:
             self._wake_successor(main, keys)
         if main.add(keys.finished, 1) >= p.world_size:
@@ -312,7 +329,7 @@ class TurnSchedule:
     def _log_turn_end(self, record: TurnRecord) -> None:
         self.log.info(
             f"[rank {self.placement.global_rank}] serialized restore: turn for {record.stage!r} ended in"
-            f" {record.duration:.2f}s, read {_format_bytes(record.bytes_read)}"
+            f" {record.duration:.2f}s, {record.describe()}"
         )
 
     def _log_node_summary(self, main: StoreView, keys: StageKeys, stage: str) -> None:
@@ -323,18 +340,12 @@ class TurnSchedule:
         durations = [node_log.durations[r] for r in sorted(node_log.durations)]
         starts = [node_log.started[r] for r in sorted(node_log.durations) if r in node_log.started]
         ends = [node_log.started[r] + node_log.durations[r] for r in node_log.durations if r in node_log.started]
+        moved = sum(node_log.moved.values())
+        private = max(node_log.private.values(), default=0)
         self.log.info(
             f"serialized restore: node {p.node_rank} ran {len(durations)} turns of {stage!r}"
-            f" (at most {self.max_concurrent} at once) in {max(ends) - min(starts):.2f}s;"
-            f" longest turn {max(durations):.2f}s"
+            f" (at most {self.max_concurrent} at once) in {max(ends) - min(starts):.2f}s, moving"
+            f" {format_bytes(moved)}; longest turn {max(durations):.2f}s; largest private memory of a rank at the end"
+            f" of its turn {format_bytes(private)}"
         )
 
-
-def _format_bytes(count: int) -> str:
-    """``1.4 GiB``, ``35.2 KiB``, ``12 B``: readable at every checkpoint size."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"

@@ -163,3 +163,14 @@ def test_signature_is_upstreams_plus_ours(trainer_cls: type) -> None:
     assert all(ours[name].default == upstream[name].default for name in upstream if name != "self")
     assert ours["serialized_checkpoint_loading"].default is False
     assert ours["serialized_checkpoint_loading"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_a_subclass_of_the_trainer_keeps_the_signature_and_the_option() -> None:
+    """A user's subclass without an `__init__` of its own keeps the full signature and the option."""
+    import inspect
+
+    class MyTrainer(Trainer):
+        pass
+
+    assert list(inspect.signature(MyTrainer).parameters)[-1] == "serialized_checkpoint_loading"
+    assert MyTrainer(serialized_checkpoint_loading=3, logger=False).serialized_checkpoint_loading == 3
