@@ -117,7 +117,7 @@ class _SerializedCheckpointConnectorMixin:
         rank ends the restore on every rank."""
         schedule = self._make_schedule(url, _local_world_size(self.trainer.strategy))
         # SerializedLoading.tmpdir, or SERIALIZED_RESTORE_TMPDIR over it, else the system's temporary directory
-        self._local_copy = copy = NodeLocalCopy(url, self._options.tmpdir)
+        self._local_copy = copy = NodeLocalCopy(url, self._options.tmpdir, self._log)
         if self.trainer.local_rank == 0:
             # last resort for a job that dies between the stages: the copy never outlives the process
             atexit.register(copy.remove)

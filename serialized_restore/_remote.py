@@ -21,6 +21,7 @@ import stat
 import tempfile
 from typing import Any, Optional
 
+from serialized_restore._memory import format_bytes
 from serialized_restore._options import TMPDIR_ENV
 from serialized_restore._readers import local_path
 
@@ -83,8 +84,9 @@ class NodeLocalCopy:
     (:meth:`checked_path`).
     """
 
-    def __init__(self, url: Any, directory: Optional[str] = None) -> None:
+    def __init__(self, url: Any, directory: Optional[str] = None, logger: logging.Logger = log) -> None:
         self.url = str(url)
+        self._log = logger
         self.directory = os.path.abspath(directory or fetch_directory())
         self.path: Optional[str] = None
         self._size = 0
@@ -118,7 +120,7 @@ class NodeLocalCopy:
         except BaseException:
             self.remove()
             raise
-        log.info(f"Fetched {self.url!r} ({written / 2**20:.1f} MiB) to {path!r}")
+        self._log.info(f"serialized restore: fetched {self.url!r} ({format_bytes(written)}) to {path!r}")
         return json.dumps({"path": path, "size": written})
 
     def adopt(self, decision: str) -> None:
