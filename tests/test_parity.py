@@ -165,7 +165,7 @@ def test_option_on_and_off_observably_equal_upstream(tmp_path: Path, inputs: dic
         "missing_hpc": "builtins:ValueError",
         "weights_only_checkpoint_in_fit": "builtins:KeyError",
         "strict_mismatch": "builtins:RuntimeError",
-        "truncated_file": "builtins:RuntimeError",
+        "truncated_file": "builtins:OSError",
         "empty_file": "builtins:EOFError",
         "weights_only_refusal": "_pickle:UnpicklingError",
         "max_epochs_below_checkpoint": "lightning_fabric.utilities.exceptions:MisconfigurationException",
