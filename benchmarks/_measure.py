@@ -106,7 +106,7 @@ MODE_DESCRIPTIONS = {
     "fsdp-baseline": "upstream Trainer with FSDP, no checkpoint",
     "fsdp-upstream": "`pytorch_lightning.Trainer` with FSDP: `FSDPStrategy.load_checkpoint`'s full-checkpoint path",
     "fsdp-ours": "`serialized_restore.Trainer(serialized_checkpoint_loading=True)` with FSDP: every rank maps the"
-    " file, rank 0 alone hands the optimizer state to FSDP",
+    " file and copies only its shard of the optimizer state",
 }
 
 

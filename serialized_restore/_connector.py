@@ -19,7 +19,7 @@ then ``resume_end`` drops the cached checkpoint dict. Upstream, every rank holds
   optimizers, and the rest of the cached dict is dropped at the end of the turn.
 
 FSDP restores with collectives, which cannot run inside a turn: its ranks restore together, reading a full
-checkpoint memory-mapped and passing the optimizer state to FSDP on rank 0 only (``_fsdp.py``).
+checkpoint memory-mapped, each rank copying only its shard of the optimizer state (``_fsdp.py``).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class _SerializedCheckpointConnectorMixin:
         """(all ranks together) Stage 1 for FSDP and a full checkpoint: see ``_fsdp.py``; no turns (collectives)."""
         self._rank_zero_info(
             "serialized restore: FSDP restores with collectives, so its ranks restore together instead of in turns;"
-            " the full checkpoint is memory-mapped and its optimizer state is broadcast from rank 0 by FSDP."
+            " the full checkpoint is memory-mapped and each rank copies only its shard of the optimizer state."
         )
         self.restore_incomplete = True
         self._reading = _FSDP_FULL

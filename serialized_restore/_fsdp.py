@@ -9,10 +9,16 @@ is bounded by *how* the file is read instead of *when*:
   else, the whole optimizer state included, on every rank: N copies of the optimizer state per node, held until
   ``resume_end``, for ``validate``/``test``/``predict`` too.
 * here every rank memory-maps the file (clean page cache, shared by the ranks of a node), loads the weights from the
-  mapping as upstream does, and hands the optimizer state to FSDP on rank 0 only, under
-  ``FullOptimStateDictConfig(rank0_only=True)``: FSDP broadcasts each state tensor from rank 0 and every rank keeps
-  its own shard. No rank holds a private copy of the full optimizer state; the hooks still see the complete dict
-  (``state_dict`` popped, as upstream), backed by the mapped file.
+  mapping as upstream does, and hands FSDP the optimizer state as mapped tensors: every rank reads its own shard of
+  each state tensor from the mapping and copies only that shard (``FSDP.optim_state_dict_to_load`` with the
+  ``use_orig_params=True`` that Lightning sets slices each full tensor, a view of the mapping, and clones the slice).
+  No rank holds a private copy of the full optimizer state, nor receives one by broadcast; the hooks still see the
+  complete dict (``state_dict`` popped, as upstream), backed by the mapped file.
+* what FSDP allocates and frees per unit while it loads (the gathered flat parameter of one unit, for the weights)
+  is handed back to the operating system as soon as that unit is done (:func:`release_freed_memory`): glibc keeps
+  freed blocks below its dynamic mmap threshold (at most 32 MiB) in its heap, so that with units of a few MiB to
+  tens of MiB a rank would otherwise keep the high-water mark of several units' transients in private memory
+  for the rest of the job.
 
 A sharded checkpoint (a directory written with ``state_dict_type="sharded"``) is already read shard by shard by each
 rank, so it is restored by upstream's code unchanged.
@@ -20,8 +26,10 @@ rank, so it is restored by upstream's code unchanged.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from serialized_restore._flavour import flavour_of
 from serialized_restore._readers import load_mmap, local_path, path_unmappable_reason
@@ -53,7 +61,7 @@ def load_full_checkpoint(
     strategy: Any, path: Any, weights_only: Optional[bool], fitting: bool, schedule: TurnSchedule
 ) -> dict[str, Any]:
     """(all ranks together) ``FSDPStrategy.load_checkpoint`` for a full checkpoint, with the file memory-mapped and
-    the optimizer state given to FSDP by rank 0 only. Returns the checkpoint dict without ``state_dict``.
+    every rank copying only its shard of the optimizer state. Returns the checkpoint dict without ``state_dict``.
     ``schedule`` shares rank 0's step (``TurnSchedule.on_one_rank``); no rank takes turns with the weights.
 
     ``weights_only=None`` means ``False`` here, as for upstream's FSDP restore, which unpickles without restriction.
@@ -66,8 +74,16 @@ def load_full_checkpoint(
     model, module = strategy.model, strategy.lightning_module
 
     checkpoint = load_mmap(path, "cpu", False if weights_only is None else weights_only)
-    load_raw_module_state(
-        checkpoint.pop("state_dict"), module=model, world_size=strategy.world_size, strict=module.strict_loading
+    # popped, so that nothing but FSDP's load holds the weights' dict, and it goes as soon as the load is done
+    _load_weights_unit_by_unit(
+        functools.partial(
+            load_raw_module_state,
+            checkpoint.pop("state_dict"),
+            module=model,
+            world_size=strategy.world_size,
+            strict=module.strict_loading,
+        ),
+        model,
     )
     optimizer_states = checkpoint.get("optimizer_states")
     if optimizer_states is None or not fitting:
@@ -78,20 +94,66 @@ def load_full_checkpoint(
             f" {len(optimizer_states)} optimizers to load. Please resume training with the same number"
             " of optimizers or edit the checkpoint manually to remove states."
         )
-    # rank 0 prepares alone, before any collective: if it fails, the other ranks must hear of it instead of waiting in
-    # FSDP's broadcast until the process group times out
+    # rank 0 prepares first, before any collective: if it fails, the other ranks must hear of it instead of waiting
+    # in a collective until the process group times out
     prepared: list[dict[str, Any]] = [{} for _ in optimizer_states]
 
     def prepare() -> None:
         prepared[:] = [_keyed_by_name(state, model) for state in optimizer_states]
 
     schedule.on_one_rank(STAGE_PREPARE_OPTIMIZER_STATE, prepare, central=strategy.global_rank == 0)
-    with full_state_dict_context(model, world_size=strategy.world_size, rank0_only=True):
+    if strategy.global_rank != 0:
+        # the same file and model as rank 0's: re-keying cannot fail here where it did not there
+        prepare()
+    # rank0_only=False, as upstream: every rank passes the complete state, here tensors of the mapped file, and FSDP
+    # keeps on each rank a copy of that rank's shard only
+    with full_state_dict_context(model, world_size=strategy.world_size, rank0_only=False):
         for optimizer, state in zip(strategy.optimizers, prepared):
-            # with rank0_only, FSDP reads the state on rank 0 and broadcasts it tensor by tensor; the others pass {}
             to_load = FSDP.optim_state_dict_to_load(model=model, optim=optimizer, optim_state_dict=state)
             optimizer.load_state_dict(to_load)
+            del to_load
+            release_freed_memory()
     return checkpoint
+
+
+def _load_weights_unit_by_unit(load: Callable[[], Any], model: Any) -> None:
+    """Run ``load`` (Lightning's ``_load_raw_module_state``: each FSDP unit gathers its full flat parameter, copies
+    the weights into it and keeps its shard) with the freed memory handed back after every unit."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    # registered after FSDP's own post-hook, so it runs once the unit has resharded and freed its gathered parameter
+    handles = [
+        unit.register_load_state_dict_post_hook(lambda *_: release_freed_memory()) for unit in FSDP.fsdp_modules(model)
+    ]
+    try:
+        load()
+    finally:
+        for handle in handles:
+            handle.remove()
+    release_freed_memory()
+
+
+def release_freed_memory() -> None:
+    """Give the memory the C allocator keeps after frees back to the operating system (glibc's ``malloc_trim``).
+
+    glibc serves allocations below its dynamic mmap threshold (raised up to 32 MiB by every freed mapped block) from
+    its heap, and freed heap blocks stay resident unless they border the top of the heap. A restore that allocates
+    and frees one FSDP unit after another would keep their high-water mark as private memory. A no-op where the
+    allocator has no ``malloc_trim``.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 def _keyed_by_name(state: dict[str, Any], model: Any) -> dict[str, Any]:

@@ -38,8 +38,8 @@ class AutoPlan:
         how = "memory-mapped" if self.reader == "mmap" else "eagerly"
         return (
             f"{format_bytes(self.available)} available ({self.available_source}), {SAFETY_MARGIN:.0%} kept as margin;"
-            f" one turn needs about {format_bytes(self.need_per_turn)} (checkpoint {format_bytes(self.checkpoint_size)},"
-            f" read {how}); {self.local_world_size} local ranks"
+            f" one turn needs about {format_bytes(self.need_per_turn)}"
+            f" (checkpoint {format_bytes(self.checkpoint_size)}, read {how}); {self.local_world_size} local ranks"
         )
 
 

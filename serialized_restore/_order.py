@@ -49,7 +49,8 @@ class NodeLog:
         log = cls()
         for line in (text or "").splitlines():
             parts = line.split()
-            if len(parts) not in (3, 5) or parts[0] not in ("start", "end") or (parts[0] == "start") != (len(parts) == 3):
+            kind = parts[0] if parts else ""
+            if not ((kind == "start" and len(parts) == 3) or (kind == "end" and len(parts) in (3, 5))):
                 continue
             try:
                 local, value = int(parts[1]), float(parts[2])

@@ -35,7 +35,9 @@ class SerializedRestoreTrainerMixin:
     # the flavour's connector class; set by each flavour module (a module-level class, so ``ddp_spawn`` can pickle it)
     _connector_class: ClassVar[type]
 
-    def __init__(self, *args: Any, serialized_checkpoint_loading: SerializedCheckpointLoading = False, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, serialized_checkpoint_loading: SerializedCheckpointLoading = False, **kwargs: Any
+    ) -> None:
         options = RestoreOptions.parse(serialized_checkpoint_loading)
         super().__init__(*args, **kwargs)
         self._checkpoint_connector = self._connector_class(self, options)

@@ -107,3 +107,14 @@ def test_rank_zero_failing_to_prepare_optimizer_state_fails_all(tmp_path: Path, 
         assert "failed on rank(s) 0 in stage 'prepare optimizer state for FSDP'" in error["message"], error
         assert "IndexError: list index out of range" in error["message"]
     assert hashlib.sha256(bad.read_bytes()).hexdigest() == digest
+
+
+def test_freed_memory_is_handed_back_where_the_allocator_can() -> None:
+    """``malloc_trim`` is found under glibc (the FSDP path calls it after each unit) and is a no-op elsewhere."""
+    import platform
+
+    from serialized_restore._fsdp import _malloc_trim, release_freed_memory
+
+    release_freed_memory()
+    if platform.libc_ver()[0] == "glibc":
+        assert _malloc_trim() is not None

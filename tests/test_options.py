@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serialized_restore import Trainer
+from serialized_restore import SerializedLoading, Trainer
 from serialized_restore._memory import SAFETY_MARGIN, plan_auto
-from serialized_restore import SerializedLoading
 from serialized_restore._options import ENVIRONMENT_OVERRIDES, RestoreOptions
 from serialized_restore.lightning import Trainer as UnifiedTrainer
 

@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.timeout(600)
 
-_NOT_SOURCES = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "bench_output", "demo_output", ".*_cache")
+_NOT_SOURCES = (
+    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "bench_output", "demo_output", ".*_cache"
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
