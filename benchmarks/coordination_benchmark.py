@@ -1182,8 +1182,7 @@ def limits_notes(all_results: list[dict[str, Any]]) -> list[str]:
             )
         busiest_server = max((_server(r) or 0) for r in res["runs"] if not r.get("skipped"))
         text += (
-            f" The server never used more than {busiest_server:.2f} of a core in a run: the store limited none of"
-            " them."
+            f" The server never used more than {busiest_server:.2f} of a core in a run: the store limited none of them."
         )
         late = [r for r in done if r["body_max_s"] is not None and r["body_max_s"] > 2 * r["body_s"]]
         if late:

@@ -513,9 +513,7 @@ def _plot_sizes(views: list[dict[str, Any]], out_dir: Path) -> Path:
     modes = [m for m in MODES if all(any(c["mode"] == m for c in v["cells"]) for v in views)]
     devices = sorted(set.intersection(*({c["devices"] for c in v["cells"]} for v in views)))
     entries = [e for e in ENTRIES if all(any(c["entry"] == e for c in v["cells"]) for v in views)]
-    fig, axes = plt.subplots(
-        1, len(entries), figsize=(5.6 * len(entries), 4.6), sharey=True, squeeze=False
-    )
+    fig, axes = plt.subplots(1, len(entries), figsize=(5.6 * len(entries), 4.6), sharey=True, squeeze=False)
     dashes = {n: ls for n, ls in zip(reversed(devices), ["-", "--", ":", "-."])}
     for ax, entry in zip(axes[0], entries):
         for mode in modes:
@@ -717,8 +715,10 @@ def report(all_results: dict[str, Any], image_dir: str) -> str:
         + (
             "; the tables and plots below are for this size, *By checkpoint size* gives the headline figures at"
             " every size: "
-            + ", ".join(f"{v['checkpoint']['params']:,} parameters (S = {v['checkpoint']['size_bytes'] / GIB:.3f} GiB)"
-                        for v in views)
+            + ", ".join(
+                f"{v['checkpoint']['params']:,} parameters (S = {v['checkpoint']['size_bytes'] / GIB:.3f} GiB)"
+                for v in views
+            )
             if len(views) > 1
             else ""
         ),
@@ -1007,7 +1007,8 @@ def _sizes_section(views: list[dict[str, Any]], image_dir: str) -> list[str]:
         " multiple of a smaller S.",
         "",
         *[
-            f"- {label}: " + ", ".join(f"`{m}`" for m in v["config"]["modes"])
+            f"- {label}: "
+            + ", ".join(f"`{m}`" for m in v["config"]["modes"])
             + f" at N={','.join(map(str, v['config']['devices']))}"
             for label, v in zip(labels, views)
         ],
@@ -1016,9 +1017,7 @@ def _sizes_section(views: list[dict[str, Any]], image_dir: str) -> list[str]:
         "",
     ]
     for entry in ENTRIES:
-        found = [
-            {(c["devices"], c["mode"]): c for c in v["cells"] if c["entry"] == entry} for v in views
-        ]
+        found = [{(c["devices"], c["mode"]): c for c in v["cells"] if c["entry"] == entry} for v in views]
         if not any(found):
             continue
         lines += [f"### `{entry}` ({'net' if entry == 'fit' else 'raw'}) / S", ""]

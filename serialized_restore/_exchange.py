@@ -169,4 +169,3 @@ class Exchange:
             time.sleep(pause)
             pause = min(_POLL_MAX, pause * 2)
         view.set(keys.all_read, "1")
-

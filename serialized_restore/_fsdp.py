@@ -164,4 +164,3 @@ def _keyed_by_name(state: dict[str, Any], model: Any) -> dict[str, Any]:
     if isinstance(next(iter(state["state"]), None), int):
         return FSDP.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_NAME, model)
     return state
-

@@ -64,8 +64,7 @@ class SerializedLoading:
     def __post_init__(self) -> None:
         if self.max_concurrent != AUTO and _positive_int(self.max_concurrent) is None:
             raise ValueError(
-                f"`SerializedLoading(max_concurrent={self.max_concurrent!r})`: expected a positive int or"
-                f' {AUTO!r}.'
+                f"`SerializedLoading(max_concurrent={self.max_concurrent!r})`: expected a positive int or {AUTO!r}."
             )
         if self.reader not in READERS:
             raise ValueError(f"`SerializedLoading(reader={self.reader!r})`: expected one of {', '.join(READERS)}.")

@@ -78,7 +78,9 @@ class SerializedRestoreTrainerMixin:
             return True
 
         disabled = [
-            cb for cb in self.callbacks if isinstance(cb, checkpoint_cls) and saves_on_exception(cb)  # type: ignore[has-type]
+            cb
+            for cb in self.callbacks
+            if isinstance(cb, checkpoint_cls) and saves_on_exception(cb)  # type: ignore[has-type]
         ]
         if not disabled:
             return

@@ -348,4 +348,3 @@ class TurnSchedule:
             f" {format_bytes(moved)}; longest turn {max(durations):.2f}s; largest private memory of a rank at the end"
             f" of its turn {format_bytes(private)}"
         )
-
