@@ -124,7 +124,7 @@ class MmapCheckpointIOMixin:
 def _accept_in_every_imported_flavour(cls: type) -> None:
     """Make ``cls`` a ``CheckpointIO`` of each Lightning flavour imported so far, not only of its own.
 
-    ``serialized_restore.MmapCheckpointIO`` derives from ``pytorch_lightning``'s ``TorchCheckpointIO``; given to
+    The plugin of the ``pytorch_lightning`` flavour derives from that distribution's ``TorchCheckpointIO``; given to
     ``lightning.pytorch.Trainer(plugins=[...])`` it would be refused ("Found invalid type for plugin"), since the two
     distributions ship separate classes. Both flavours' ``CheckpointIO`` are abstract base classes and the plugin's
     code is the same in both, so it is registered as a virtual subclass of the other flavour's ``CheckpointIO`` (only
