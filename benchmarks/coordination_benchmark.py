@@ -32,7 +32,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import queue
 import shlex
 import signal
@@ -42,7 +41,6 @@ import sys
 import threading
 import time
 from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Optional
 
@@ -92,6 +90,8 @@ GOAL_NO_SPURIOUS_R = 1024
 
 REPO = Path(__file__).resolve().parents[1]
 SIM = Path(__file__).resolve().parent / "_coordination_sim.py"
+from benchmarks import _measure  # noqa: E402  (this repository is on sys.path: see above)
+
 DOCS = REPO / "docs"
 DEFAULT_OUTPUT = REPO / "bench_output"
 SECTION = "## Coordination at scale"
@@ -371,7 +371,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "command": ("PYTHONPATH=<a checkout of that version> " if code["origin"] != "this checkout" else "")
         + _command(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine_info(),
+        "machine": _measure.machine_info(),
         "config": {
             "sizes": list(args.sizes),
             "concurrency": list(args.concurrency),
@@ -1258,29 +1258,6 @@ def code_under_test(version_text: Optional[str] = None) -> dict[str, Any]:
         describe = "an unknown version (not a git checkout)"
     origin = "this checkout" if tree == REPO else "another tree (PYTHONPATH)"
     return {"commit": commit, "changes": bool(changes), "describe": describe, "origin": origin}
-
-
-def machine_info() -> dict[str, Any]:
-    def ver(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (ValueError, OSError):
-        ram = float("nan")
-    return {"cores": os.cpu_count(), "cpu": cpu, "ram_gib": ram, "kernel": platform.release(),
-            "python": platform.python_version(), "torch": ver("torch")}  # fmt: skip
 
 
 def _command() -> str:
