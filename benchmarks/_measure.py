@@ -41,7 +41,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import psutil
 
@@ -305,9 +305,17 @@ class JobFailed(RuntimeError):
 
 
 def run_job(
-    config: dict[str, Any], *, timeout: float, env: Optional[dict[str, str]] = None, sample: bool = True
+    config: dict[str, Any],
+    *,
+    timeout: float,
+    env: Optional[dict[str, str]] = None,
+    sample: bool = True,
+    preexec_fn: Optional[Callable[[], None]] = None,
 ) -> JobOutcome:
-    """Run ``_job.py`` with ``config`` (all its ranks) and sample its memory; kill the whole tree on timeout."""
+    """Run ``_job.py`` with ``config`` (all its ranks) and sample its memory; kill the whole tree on timeout.
+
+    ``preexec_fn`` runs in the job's first process before it starts (for example to enter a memory cgroup, which
+    the ranks it launches inherit)."""
     run_dir = Path(config["out"])
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*run_dir.glob("rank*.json"), *run_dir.glob("rank*.error.txt"), run_dir / "markers.jsonl"]:
@@ -333,6 +341,7 @@ def run_job(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=preexec_fn,
         )
         sampler = TreeSampler(proc.pid, wake_on=run_dir / "markers.jsonl").start() if sample else None
         try:
@@ -493,6 +502,7 @@ def measure_restore(
     checkpoint: CheckpointInfo,
     run_dir: Path,
     timeout: float,
+    preexec_fn: Optional[Callable[[], None]] = None,
 ) -> RestoreRun:
     """Run one restore (or, for a mode in ``BASELINES``, the same job without a checkpoint) and measure it."""
     config = {
@@ -507,7 +517,7 @@ def measure_restore(
         "global_step": checkpoint.global_step,
         "ckpt_path": None if mode in BASELINES else str(checkpoint.path),
     }
-    outcome = run_job(config, timeout=timeout, env=MODES.get(mode, {}))
+    outcome = run_job(config, timeout=timeout, env=MODES.get(mode, {}), preexec_fn=preexec_fn)
     return analyse(outcome, mode=mode, entry=entry, devices=devices)
 
 

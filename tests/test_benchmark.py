@@ -33,3 +33,16 @@ def test_benchmark_quick_mode_completes_with_exact_restores(tmp_path: Path) -> N
     assert list(out.glob("*.png"))
     assert "upstream" in (out / "report.md").read_text() and "ours-true" in (out / "report.md").read_text()
     assert json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.timeout(600)
+def test_resume_under_a_memory_limit(tmp_path: Path) -> None:
+    """Under a cgroup memory limit with room for one more checkpoint copy than the job needs without one, the
+    serialized resume finishes, exact (`memory_limit.py` exits non-zero otherwise); skipped, with its own reason,
+    where no memory cgroup can be made."""
+    result = _run(["benchmarks/memory_limit.py", "--no-docs", "--output-dir", str(tmp_path)], timeout=540)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    if result.stdout.startswith("memory_limit: skipped:"):
+        pytest.skip(result.stdout.strip())
+    ours = next(line for line in result.stdout.splitlines() if "serialized_checkpoint_loading=True" in line)
+    assert "**finished**" in ours and ours.rstrip().endswith("| yes |"), ours
