@@ -18,6 +18,7 @@ Every error from the store becomes :class:`StoreLost`, except a backstop timeout
 from __future__ import annotations
 
 import datetime
+import threading
 from typing import Any, Optional
 
 import torch.distributed as dist
@@ -103,7 +104,7 @@ def open_namespace(job_store: Any, global_rank: int, backstop: float) -> tuple[S
         raise StoreLost(str(err)) from err
     prefix = f"serialized_restore/{generation}/"
     try:
-        connection = job_store.clone()
+        connection = _second_connection(job_store)
         connection.set_timeout(datetime.timedelta(seconds=backstop))
     except Exception as err:
         if _is_connection_error(err):
@@ -112,6 +113,24 @@ def open_namespace(job_store: Any, global_rank: int, backstop: float) -> tuple[S
         # delays wake-ups set by this rank's own monitor but loses none
         connection = job_store
     return StoreView(dist.PrefixStore(prefix, connection)), StoreView(dist.PrefixStore(prefix, job_store))
+
+
+_CONNECTIONS: dict[int, tuple[Any, Any]] = {}
+"""Per job store (by identity; the store itself is kept, so that its ``id`` is not reused): its clone."""
+_CONNECTIONS_LOCK = threading.Lock()
+
+
+def _second_connection(job_store: Any) -> Any:
+    """(each process, first schedule) A second connection to the job's store, opened once per process and store and
+    reused by every later schedule: a new connection costs a round of the store server's accept (which may resolve
+    the peer's name), and schedules follow one another, never overlap, in a process."""
+    with _CONNECTIONS_LOCK:
+        cached = _CONNECTIONS.get(id(job_store))
+        if cached is not None and cached[0] is job_store:
+            return cached[1]
+        connection = job_store.clone()
+        _CONNECTIONS[id(job_store)] = (job_store, connection)
+        return connection
 
 
 def _is_connection_error(err: BaseException) -> bool:

@@ -16,6 +16,11 @@ from tests.helpers.launch import JobResult, run_job
 
 JOB_TIMEOUT = 180.0
 
+# TCPStore resolves the name of every peer that connects; where the resolver is slow to answer (as in some sandboxes
+# and CI containers) one lookup stalls the store for its default 5 s timeout, which the tests' prompt bounds would
+# count as the restore's. Every process the tests start inherits this (as the coordination benchmark does).
+os.environ.setdefault("RES_OPTIONS", "attempts:1 timeout:1")
+
 if os.environ.get("SERIALIZED_RESTORE_TRAINER", "") == "patched-upstream":
     # tested against a patched Lightning (.ci/upstream_check.sh): the add-on must not be what runs
     sys.modules["serialized_restore"] = None  # type: ignore[assignment]
