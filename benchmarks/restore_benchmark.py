@@ -6,12 +6,13 @@ process samples the memory of the job's whole process tree; a job without a chec
 same program holds anyway. See ``docs/benchmarks.md`` for the definitions and the committed results, and
 ``benchmarks/_measure.py`` for how memory is sampled.
 
-    python benchmarks/restore_benchmark.py            # full run (126M parameters, ~15 min): docs/benchmarks.md
-    python benchmarks/restore_benchmark.py --params 8000000,40000000,126000000   # every size (~28 min)
+    python benchmarks/restore_benchmark.py            # full run (8M, 40M, 126M parameters, ~15 min): docs/benchmarks.md
     python benchmarks/restore_benchmark.py --quick    # smoke run (~8M parameters, N = 1, 2): bench_output/quick/
+    python benchmarks/restore_benchmark.py --dry-run  # the jobs a run would measure
 
-With several sizes every mode runs at the largest (N = 1, 2, 4) and the headline modes (``SMALL_SIZE_MODES``) at the
-smaller ones, at N = 2 and 4; each target is checked at every size and the worst case is the figure it reports.
+Every mode runs where ``DEFAULT_PLAN`` says: the headline modes at every size (N = 2 and 4, and N = 1 at the
+largest), the anchors and variants at the largest only; each target is checked at every size it was measured at and
+the worst case is the figure it reports. ``--modes`` / ``--devices`` / ``--params`` choose other cells.
 
 Exits non-zero if any restore is not bit-for-bit exact or any job fails.
 """
@@ -36,13 +37,8 @@ from benchmarks._measure import BASELINES, GIB, MODE_DESCRIPTIONS, JobFailed  # 
 
 # ---------------------------------------------------------------- configuration
 
-# checkpoint sizes: an 8-layer MLP of this many parameters, S ~ 12 bytes/parameter (weights + Adam). Every mode runs
-# at the largest; the smaller ones run SMALL_SIZE_MODES at SMALL_SIZE_DEVICES (to fit the full run in 15 minutes)
-SIZES = (126_000_000,)
-# every size run (`--params 8000000,40000000,126000000`): about 28 minutes on 2 idle cores, so not the default yet
-ALL_SIZES = (8_000_000, 40_000_000, 126_000_000)
-SMALL_SIZE_MODES = ("upstream", "ours-true", "ours-auto", "fsdp-upstream", "fsdp-ours")
-SMALL_SIZE_DEVICES = (2, 4)
+# checkpoint sizes: an 8-layer MLP of this many parameters, S ~ 12 bytes/parameter (weights + Adam)
+SIZES = (8_000_000, 40_000_000, 126_000_000)
 DEPTH = 8
 TRAIN_STEPS = 3  # Adam steps taken before the checkpoint is saved
 DEVICES = (1, 2, 4)
@@ -52,11 +48,25 @@ DDP_MODES = (
 )  # fmt: skip
 FSDP_MODES = ("fsdp-upstream", "fsdp-ours")  # measured against their own baseline, `fsdp-baseline`
 MODES = DDP_MODES + FSDP_MODES
-# modes measured only up to / from this N (to fit the full run in 15 minutes on 2 cores); the others run at every N
-# (with one rank there are no turns to take, so the modes that differ in how ranks take turns start at N=2)
-MODE_MAX_DEVICES = {"ours-off": 1, "ours-true-eager": 2}
+# The default run, within 15 minutes on 2 cores: where each mode is measured, as (N at the largest size, N at every
+# smaller size). The headline modes run at every size at N = 2 and 4; the anchors and variants at the largest only.
+# With one rank there are no turns to take, so the modes that differ in how ranks take turns start at N=2.
+DEFAULT_PLAN: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "upstream": ((1, 2, 4), (2, 4)),
+    "ours-true": ((1, 2, 4), (2, 4)),
+    "fsdp-upstream": ((2, 4), (2, 4)),
+    "fsdp-ours": ((2, 4), (2, 4)),
+    "ours-auto": ((2, 4), ()),
+    "mmap-plugin": ((4,), ()),
+    "proposal-2021": ((4,), ()),
+    "ours-off": ((1,), ()),
+}
+# modes outside the default run (`--modes` measures them): k = 2 and the eager reader, variants of `ours-true`
+EXTRA_MODES = tuple(m for m in MODES if m not in DEFAULT_PLAN)
+# with --modes or --devices: every mode at every N given, except where it cannot differ from another mode
+MODE_MAX_DEVICES = {"ours-off": 1}
 MODE_MIN_DEVICES = {
-    "ours-2": 4, "ours-auto": 2, "ours-true-eager": 2, "proposal-2021": 2, "fsdp-upstream": 2, "fsdp-ours": 2
+    "ours-2": 3, "ours-auto": 2, "ours-true-eager": 2, "proposal-2021": 2, "fsdp-upstream": 2, "fsdp-ours": 2
 }  # fmt: skip
 REPEATS = 1
 JOB_TIMEOUT = 600.0
@@ -110,23 +120,26 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         type=_int_list,
         help="checkpoint sizes in parameters, comma-separated (default "
         + ",".join(map(str, SIZES))
-        + f"; with --quick {QUICK_PARAMS}); every mode runs at the largest, only "
-        + ", ".join(SMALL_SIZE_MODES)
-        + f" at N={','.join(map(str, SMALL_SIZE_DEVICES))} at the others unless --modes or --devices is given",
+        + f"; with --quick {QUICK_PARAMS}); without --modes and --devices each mode runs where DEFAULT_PLAN says",
     )
     parser.add_argument("--devices", type=_int_list, help="local ranks N to measure, comma-separated (default 1,2,4)")
-    parser.add_argument("--modes", type=_str_list, help=f"modes, comma-separated (default {','.join(MODES)})")
+    parser.add_argument(
+        "--modes",
+        type=_str_list,
+        help=f"modes, comma-separated (default {','.join(DEFAULT_PLAN)}; also {','.join(EXTRA_MODES)})",
+    )
     parser.add_argument("--entries", type=_str_list, help="entry points, comma-separated (default fit,validate)")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="measured jobs per cell; medians are reported")
     parser.add_argument(
         "--all-modes-everywhere",
         action="store_true",
-        help="measure every mode at every N (by default "
+        help="measure every mode at every N and size given (by default "
         + ", ".join(f"{k} only up to N={v}" for k, v in MODE_MAX_DEVICES.items())
         + ", "
         + ", ".join(f"{k} only from N={v}" for k, v in MODE_MIN_DEVICES.items())
         + ")",
     )
+    parser.add_argument("--dry-run", action="store_true", help="print the jobs of the run and exit")
     parser.add_argument(
         "--output-dir",
         type=Path,
@@ -148,10 +161,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         " of an earlier run",
     )
     args = parser.parse_args(argv)
-    args.restrict_small_sizes = not (args.modes or args.devices or args.all_modes_everywhere)
+    args.default_plan = not (args.quick or args.modes or args.devices or args.all_modes_everywhere)
     args.params = tuple(sorted(set(args.params or ((QUICK_PARAMS,) if args.quick else SIZES))))
     args.devices = args.devices or (QUICK_DEVICES if args.quick else DEVICES)
-    args.modes = args.modes or (QUICK_MODES if args.quick else MODES)
+    args.modes = args.modes or (QUICK_MODES if args.quick else tuple(DEFAULT_PLAN))
     args.entries = args.entries or ENTRIES
     unknown = [m for m in args.modes if m not in MODES] + [e for e in args.entries if e not in ENTRIES]
     if unknown:
@@ -171,28 +184,34 @@ def _str_list(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
-def size_plan(args: argparse.Namespace, params: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """(N, modes) measured at a checkpoint size: all of them at the largest size; at a smaller one, by default, only
-    ``SMALL_SIZE_MODES`` at ``SMALL_SIZE_DEVICES``."""
-    if params == max(args.params) or not args.restrict_small_sizes:
-        return tuple(args.devices), tuple(args.modes)
-    devices = tuple(n for n in args.devices if n in SMALL_SIZE_DEVICES)
-    return devices, tuple(m for m in args.modes if m in SMALL_SIZE_MODES)
+def size_plan(args: argparse.Namespace, params: int) -> dict[str, tuple[int, ...]]:
+    """Where each mode is measured at one checkpoint size: {mode: (N, ...)}, in the order of ``args.modes``. The
+    default run follows ``DEFAULT_PLAN``; with --modes, --devices or --quick each mode runs at every N given, within
+    ``MODE_MIN_DEVICES`` / ``MODE_MAX_DEVICES`` unless --all-modes-everywhere."""
+    largest = params == max(args.params)
+    where: dict[str, tuple[int, ...]] = {}
+    for mode in args.modes:
+        if args.default_plan:
+            devices = DEFAULT_PLAN[mode][0 if largest else 1]
+        elif args.all_modes_everywhere:
+            devices = tuple(args.devices)
+        else:
+            low, high = MODE_MIN_DEVICES.get(mode, 0), MODE_MAX_DEVICES.get(mode, 1 << 30)
+            devices = tuple(n for n in args.devices if low <= n <= high)
+        if devices:
+            where[mode] = devices
+    return where
 
 
 def plan(args: argparse.Namespace, params: Optional[int] = None) -> list[tuple[int, str, str, int]]:
     """Every measured job at one size as (N, entry point, mode, repeat): per (N, entry) the baseline first, then each
     mode."""
-    all_devices, all_modes = size_plan(args, max(args.params) if params is None else params)
+    where = size_plan(args, max(args.params) if params is None else params)
     jobs = []
-    for devices in all_devices:
+    for devices in sorted({n for ns in where.values() for n in ns}):
         for entry in args.entries:
             for repeat in range(args.repeats):
-                modes = [
-                    m
-                    for m in all_modes
-                    if args.all_modes_everywhere or MODE_MIN_DEVICES.get(m, 0) <= devices <= MODE_MAX_DEVICES.get(m, 99)
-                ]
+                modes = [m for m, ns in where.items() if devices in ns]
                 # each family (DDP, FSDP) after its own baseline
                 for baseline in dict.fromkeys(_measure.baseline_of(m) for m in modes):
                     family = [m for m in modes if _measure.baseline_of(m) == baseline]
@@ -279,7 +298,7 @@ def _run_size(args: argparse.Namespace, params: int, runs_dir: Path, warmed_up: 
             flush=True,
         )
         (runs_dir / "results.partial.json").write_text(json.dumps(runs, indent=1))
-    devices, modes = size_plan(args, params)
+    where = size_plan(args, params)
     return {
         "checkpoint": {
             "path": _rel(checkpoint.path),
@@ -290,12 +309,11 @@ def _run_size(args: argparse.Namespace, params: int, runs_dir: Path, warmed_up: 
             "size_bytes": checkpoint.size_bytes,
         },
         "config": {
-            "devices": list(devices),
+            "devices": sorted({n for ns in where.values() for n in ns}),
             "entries": list(args.entries),
-            "modes": list(modes),
+            "modes": list(where),
+            "mode_devices": {m: list(ns) for m, ns in where.items()},
             "repeats": args.repeats,
-            "mode_max_devices": {} if args.all_modes_everywhere else MODE_MAX_DEVICES,
-            "mode_min_devices": {} if args.all_modes_everywhere else MODE_MIN_DEVICES,
             "fast_interval_s": _measure.FAST_INTERVAL,
             "smaps_duty": _measure.SMAPS_DUTY,
             "quick": args.quick,
@@ -697,6 +715,33 @@ def _kept_sections(page: Path) -> str:
     return "\n" + text[min(starts) + 1 :] if starts else ""
 
 
+def _coverage_paragraph(results: dict[str, Any], modes: list[str]) -> list[str]:
+    """Which modes were measured at which N only (and which modes not at all), from the cells themselves."""
+    cells = results["cells"]
+    devices = sorted({c["devices"] for c in cells})
+    trimmed = []
+    for mode in modes:
+        measured = sorted({c["devices"] for c in cells if c["mode"] == mode})
+        if measured and measured != devices:
+            trimmed.append(f"`{mode}` only at N={','.join(map(str, measured))}")
+    missing = [m for m in MODES if not any(c["mode"] == m for c in cells)]
+    if not trimmed and not missing:
+        return []
+    text = "To keep the run within 15 minutes on 2 cores, " if not results.get("quick") else ""
+    parts = []
+    if trimmed:
+        parts.append("some modes are measured at some N only: " + ", ".join(trimmed))
+    if missing:
+        parts.append(", ".join(f"`{m}`" for m in missing) + " not at all (`--modes` measures them)")
+    text += "; ".join(parts)
+    return [
+        text[0].upper()
+        + text[1:]
+        + " (with one rank there are no turns to take; `--all-modes-everywhere` measures every mode at every N).",
+        "",
+    ]
+
+
 def report(all_results: dict[str, Any], image_dir: str) -> str:
     """The Markdown page: what was run, the definitions, the tables and plots (those of the largest checkpoint
     size, then the headline figures at every size), the targets at every size."""
@@ -780,23 +825,7 @@ def report(all_results: dict[str, Any], image_dir: str) -> str:
         " fit it drops the optimizer state after the first stage and reads the file again in its second turn.",
         "",
     ]
-    limits: dict[str, tuple[int, int]] = {}
-    for mode in [*modes, *FSDP_MODES]:
-        low = max(cfg.get("mode_min_devices", {}).get(mode, 0), min(devices))
-        high = min(cfg["mode_max_devices"].get(mode, max(devices)), max(devices))
-        if (low, high) != (min(devices), max(devices)) and any(c["mode"] == mode for c in cells):
-            limits[mode] = (low, high)
-    trimmed = [
-        f"`{mode}` only at N={low}" if low == high else f"`{mode}` only from N={low} to N={high}"
-        for mode, (low, high) in limits.items()
-    ]
-    if trimmed:
-        lines += [
-            "To keep the full run within 15 minutes on 2 cores, some modes are measured at some N only: "
-            + ", ".join(trimmed)
-            + " (with one rank there are no turns to take; `--all-modes-everywhere` measures every mode at every N).",
-            "",
-        ]
+    lines += _coverage_paragraph(results, [*modes, *FSDP_MODES])
     lines += [
         "## Definitions",
         "",
@@ -1002,6 +1031,17 @@ def report(all_results: dict[str, Any], image_dir: str) -> str:
     return "\n".join(lines)
 
 
+def _where_text(cfg: dict[str, Any]) -> str:
+    """Which modes ran at which N at one size, from its config: modes grouped by the N they ran at."""
+    where = cfg.get("mode_devices") or {m: cfg["devices"] for m in cfg["modes"]}
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for mode, devices in where.items():
+        groups.setdefault(tuple(devices), []).append(mode)
+    return "; ".join(
+        ", ".join(f"`{m}`" for m in modes) + f" at N={','.join(map(str, devices))}" for devices, modes in groups.items()
+    )
+
+
 def _sizes_section(views: list[dict[str, Any]], image_dir: str) -> list[str]:
     """With several checkpoint sizes: the headline overhead of every mode at every size and N, and its plot."""
     if len(views) < 2:
@@ -1019,12 +1059,7 @@ def _sizes_section(views: list[dict[str, Any]], image_dir: str) -> list[str]:
         " at every size; the targets below are checked at each. Fixed costs (a few MiB per rank) are a larger"
         " multiple of a smaller S.",
         "",
-        *[
-            f"- {label}: "
-            + ", ".join(f"`{m}`" for m in v["config"]["modes"])
-            + f" at N={','.join(map(str, v['config']['devices']))}"
-            for label, v in zip(labels, views)
-        ],
+        *[f"- {label}: {_where_text(v['config'])}" for label, v in zip(labels, views)],
         "",
         f"![restore overhead / S against checkpoint size]({image_dir}/restore_sizes.png)",
         "",
@@ -1123,6 +1158,16 @@ def _fsdp_section(results: dict[str, Any], image_dir: str) -> list[str]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
+    if args.dry_run:
+        total = 0
+        for params in args.params:
+            jobs = plan(args, params)
+            total += len(jobs)
+            print(f"{params:,} parameters: {len(jobs)} jobs")
+            for devices, entry, mode, repeat in jobs:
+                print(f"  N={devices} {entry:8s} {mode} (repeat {repeat})")
+        print(f"{total} jobs in all")
+        return 0
     if args.from_results:
         results = json.loads(args.from_results.read_text())
         for view in results.get("sizes", [results]):
