@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.trainer.connectors.checkpoint_connector import _CheckpointConnector  # noqa: E402
 
-from tests.helpers.models import make_cpu_fsdp_class  # noqa: E402
+from harness.models import RegressionSteps, make_cpu_fsdp_class  # noqa: E402
+from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -106,7 +107,7 @@ class Proposal2021Connector(_CheckpointConnector):
             strategy.barrier(f"proposal-2021 turn {turn}")
 
 
-class BenchMLP(pl.LightningModule):
+class BenchMLP(RegressionSteps, pl.LightningModule):
     """``depth`` square linear layers of ``width`` features (``depth * (width**2 + width)`` parameters), Adam."""
 
     def __init__(self, width: int, depth: int, run: Optional[dict[str, Any]] = None, zero_init: bool = False) -> None:
@@ -120,17 +121,6 @@ class BenchMLP(pl.LightningModule):
                 for parameter in self.net.parameters():
                     parameter.zero_()
         self.run = run or {}
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return torch.nn.functional.mse_loss(self(x), y)
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_loss", torch.nn.functional.mse_loss(self(x), y), sync_dist=True)
 
     def configure_optimizers(self) -> Any:
         return torch.optim.Adam(self.parameters(), lr=1e-3)
@@ -295,18 +285,7 @@ def _trainer(config: dict[str, Any], **kwargs: Any) -> pl.Trainer:
         # Lightning's FSDPStrategy, wrapping with device_id=cpu (its stock version requires a GPU); one FSDP unit per
         # layer
         strategy = make_cpu_fsdp_class("pytorch_lightning")(auto_wrap_policy={torch.nn.Linear}, state_dict_type="full")
-    common = {
-        "accelerator": "cpu",
-        "devices": config["devices"],
-        "strategy": strategy,
-        "logger": False,
-        "enable_checkpointing": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "num_sanity_val_steps": 0,
-        "default_root_dir": config["out"],
-        **kwargs,
-    }
+    common = quiet_cpu_trainer_kwargs(config["out"], config["devices"], strategy, enable_checkpointing=False, **kwargs)
     if kind == "ours":
         from serialized_restore import Trainer
 

@@ -33,10 +33,8 @@ import bisect
 import json
 import os
 import platform
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -44,6 +42,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import psutil
+
+from harness.processes import job_env, kill_job, start_job
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = Path(__file__).with_name("_job.py")
@@ -75,7 +75,7 @@ MODES: dict[str, dict[str, str]] = {
     "fsdp-upstream": {},
     "fsdp-ours": {},
 }
-# FSDP modes run Lightning's FSDPStrategy (on CPU: `tests/helpers/models.py`'s CPUFSDPStrategy) and are compared with
+# FSDP modes run Lightning's FSDPStrategy (on CPU: `harness/models.py`'s CPUFSDPStrategy) and are compared with
 # their own baseline and upstream
 FSDP_MODES = ("fsdp-baseline", "fsdp-upstream", "fsdp-ours")
 BASELINES = ("baseline", "fsdp-baseline")
@@ -320,29 +320,17 @@ def run_job(
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*run_dir.glob("rank*.json"), *run_dir.glob("rank*.error.txt"), run_dir / "markers.jsonl"]:
         stale.unlink(missing_ok=True)
-    full_env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("SERIALIZED_RESTORE_")},
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
-        "OMP_NUM_THREADS": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "PYTHONWARNINGS": "ignore",
-        **(env or {}),
-    }
+    own = {k: v for k, v in os.environ.items() if not k.startswith("SERIALIZED_RESTORE_")}
+    full_env = job_env(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONWARNINGS": "ignore", **(env or {})},
+        base=own,
+    )
     for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE"):
         full_env.pop(key, None)
     started = time.monotonic()
     busy_before, own_before = system_busy_seconds(), _own_cpu_seconds()
     with open(run_dir / "job.log", "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(JOB), json.dumps(config)],
-            cwd=run_dir,
-            env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=preexec_fn,
-        )
+        proc = start_job(JOB, config, cwd=run_dir, env=full_env, stdout=log, preexec_fn=preexec_fn)
         sampler = TreeSampler(proc.pid, wake_on=run_dir / "markers.jsonl").start() if sample else None
         try:
             returncode = proc.wait(timeout=timeout)
@@ -350,11 +338,7 @@ def run_job(
             returncode = -9
         finally:
             # Lightning's launcher keeps its children in our session: never leave one behind
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+            kill_job(proc)
             if sampler is not None:
                 sampler.stop()
     elapsed = time.monotonic() - started

@@ -20,14 +20,20 @@ then ``resume_end`` drops the cached checkpoint dict. Upstream, every rank holds
 
 FSDP restores with collectives, which cannot run inside a turn: its ranks restore together, reading a full
 checkpoint memory-mapped, each rank copying only its shard of the optimizer state (``_fsdp.py``).
+
+Where things live: a restore's state (its path through the code, its schedule, how the file was read, where the
+optimizer state will come from) is one ``_Restore`` object, created when stage 1 starts and dropped at
+``resume_end``; how a file is read (memory-mapped or eager) is decided in one place, ``_readers.choose_reader``.
 """
 
 from __future__ import annotations
 
 import atexit
+import enum
 import json
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -37,7 +43,7 @@ from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, SHARDED, checkpoint_kind, fsdp_strategy_class, load_full_checkpoint
 from serialized_restore._memory import plan_auto
 from serialized_restore._options import AVAILABLE_MEMORY_ENV, READER_ENV, RestoreOptions
-from serialized_restore._readers import clone_tensors, local_path, mmap_unsupported_reason, read_checkpoint
+from serialized_restore._readers import LoadedCheckpoint, choose_reader, clone_tensors, local_path, read_checkpoint
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
 from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
 
@@ -46,15 +52,72 @@ STAGE_PLAN = "plan restore"
 STAGE_MODULES = "restore modules and callbacks"
 STAGE_TRAINING_STATE = "restore training state"
 
-# how the option restores with the trainer's strategy (`_restore_plan`)
-_TURNS, _FSDP_FULL, _UPSTREAM = "turns", "fsdp-full", "upstream"
-
 # the methods through which a strategy restores; a subclass that overrides any of them may run collectives there
 _RESTORE_METHODS = ("load_checkpoint", "load_model_state_dict", "load_optimizer_state_dict")
 
 
+class RestorePath(enum.Enum):
+    """How the option restores with the trainer's strategy (``_choose_path``)."""
+
+    TURNS = "turns"
+    """Single device and the DDP family: both stages in per-node turns."""
+    FSDP_FULL = "fsdp-full"
+    """FSDP and a full checkpoint: every rank together, memory-mapped (``_fsdp.py``)."""
+    UPSTREAM = "upstream"
+    """Anything else, or the option off: upstream's restore, untouched."""
+
+
+class OptimizerSource(enum.Enum):
+    """Where stage 2 takes the optimizer state from (fit only)."""
+
+    IN_DICT = "in the dict"
+    """Already in private memory in the cached dict (read eagerly and changed by a hook, or FSDP's own copy)."""
+    COPY_FROM_MAPPING = "copy from the mapping"
+    """Views of the memory-mapped file: copied into private memory in the rank's stage-2 turn."""
+    READ_AGAIN = "read again"
+    """Read eagerly and dropped after stage 1 (no hook changed it): read the file again in the stage-2 turn."""
+
+
+@dataclass
+class _Restore:
+    """One serialized restore on one rank: created when stage 1 starts, dropped at ``resume_end``.
+
+    After a failure it stays, holding nothing (the cached dict and the local copy are freed at once), so that
+    ``restore_incomplete`` keeps saying that the model may be partly restored until the next restore or
+    ``resume_end``.
+    """
+
+    path: Any
+    how: RestorePath
+    weights_only: Optional[bool]
+    fitting: bool
+    schedule: Optional[TurnSchedule] = None
+    """Stage 1's schedule, taken by stage 2 (``TURNS`` only); ``None`` once stage 2 started or after a failure."""
+    local_copy: Optional[NodeLocalCopy] = None
+    """The node's private copy of a remote checkpoint, removed once every rank ended stage 2."""
+    reading: bool = False
+    """Inside stage 1's ``resume_start``: read with this restore's reader, not upstream's."""
+    loaded: Optional[LoadedCheckpoint] = None
+    """How stage 1 read the file (the dict itself lives in ``_loaded_checkpoint``, as upstream)."""
+    optimizer_source: OptimizerSource = OptimizerSource.IN_DICT
+    fingerprint: Optional[_Fingerprint] = None
+    """Of the eagerly read optimizer state before the hooks ran, until stage 1's turn ends."""
+    failed: bool = False
+
+    @property
+    def reader(self) -> str:
+        return self.loaded.reader if self.loaded is not None else ""
+
+    def read_path(self) -> Any:
+        """Where the rank reads: the checked local copy of a remote checkpoint, else the path given."""
+        return self.local_copy.checked_path() if self.local_copy is not None else self.path
+
+
 class _SerializedCheckpointConnectorMixin:
-    """Mixed into the flavour's ``_CheckpointConnector``; see the module docstring."""
+    """Mixed into the flavour's ``_CheckpointConnector``; see the module docstring.
+
+    A restore's state lives in one ``_Restore`` (``self._restore``); every method below says which ranks call it.
+    """
 
     trainer: Any
     _loaded_checkpoint: dict[str, Any]
@@ -63,61 +126,62 @@ class _SerializedCheckpointConnectorMixin:
     def __init__(self, trainer: Any, options: RestoreOptions) -> None:
         super().__init__(trainer)  # type: ignore[call-arg]
         self._options = options
-        self._schedule: Optional[TurnSchedule] = None
-        self._reading: Optional[str] = None
-        """While stage 1 reads: ``_TURNS`` (inside a turn) or ``_FSDP_FULL``; ``None``: upstream's ``resume_start``."""
-        self._reader_used = ""
-        self._bytes_read = 0
-        self._weights_only: Optional[bool] = None
-        self._reread_optimizer_states = False
-        self._optimizer_fingerprint: Optional[_Fingerprint] = None
+        self._restore: Optional[_Restore] = None
         self._warned_strategies: set[type] = set()
-        self._local_copy: Optional[NodeLocalCopy] = None
-        self.restore_incomplete = False
-        """True from the start of a serialized restore until ``resume_end``: the model may be partly restored."""
         flavour = flavour_of(self)
         self._log = logging.getLogger(f"{flavour.pytorch}.serialized_restore")
+
+    @property
+    def restore_incomplete(self) -> bool:
+        """True from the start of a serialized restore until ``resume_end``, also after it failed: the model may be
+        partly restored, so no checkpoint of it must be saved (``Trainer._run``)."""
+        return self._restore is not None
 
     # ------------------------------------------------------------- stage 1
 
     def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, weights_only: Optional[bool] = None) -> None:
-        """(all ranks) Stage 1 in turns: read, hooks, weights, datamodule, callbacks; then free the rest."""
-        self._schedule = None
-        plan = self._restore_plan(checkpoint_path) if checkpoint_path and self._options.enabled else _UPSTREAM
-        if plan == _FSDP_FULL:
-            self._restore_fsdp_full(checkpoint_path, weights_only)
-            return
-        if plan == _UPSTREAM:
+        """(all ranks) Stage 1 in turns: read, hooks, weights, datamodule, callbacks; then free the rest.
+
+        Memory: a rank reads in its turn (memory-mapped: nothing private but the dict's containers; eager: about S)
+        and at the end of the turn keeps only what stage 2 needs: for fit, the optimizer state (as views of the
+        mapped file, or nothing if it will be read again); otherwise nothing of the checkpoint's tensors.
+        """
+        self._restore = None
+        how = self._choose_path(checkpoint_path) if checkpoint_path and self._options.enabled else RestorePath.UPSTREAM
+        if how is RestorePath.UPSTREAM:
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
             return
-        self._weights_only = weights_only
-        self.restore_incomplete = True
+        restore = self._restore = _Restore(checkpoint_path, how, weights_only, self._fitting())
+        if how is RestorePath.FSDP_FULL:
+            self._restore_fsdp_full(restore)
+            return
         # as upstream's resume_start does first, also on a rank whose turn never comes because another rank failed
         self._ckpt_path = checkpoint_path
         try:
             if is_remote(checkpoint_path):
-                self._fetch(checkpoint_path)
-            schedule = self._make_schedule(checkpoint_path, self._max_concurrent(checkpoint_path))
+                self._fetch(restore)
+            schedule = self._make_schedule(checkpoint_path, self._decide_max_concurrent(restore))
             with schedule.turn(STAGE_MODULES) as record:
-                self._reading = _TURNS
+                restore.reading = True
                 try:
                     super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
                 finally:
-                    self._reading = None
-                record.bytes_read, record.reader = self._bytes_read, self._reader_used
-                self._release_after_modules()
+                    restore.reading = False
+                if restore.loaded is not None:
+                    record.bytes_read, record.reader = restore.loaded.bytes_read, restore.reader
+                self._release_after_modules(restore)
         except BaseException:
-            self._abandon()
+            self._abandon(restore)
             raise
-        self._schedule = schedule
+        restore.schedule = schedule
 
-    def _fetch(self, url: Any) -> None:
+    def _fetch(self, restore: _Restore) -> None:
         """(all ranks) Local rank 0 of each node downloads the remote checkpoint into a new private directory; every
         rank of the node takes its path from the store and checks it, in a second round, so that a refusal on any
         rank ends the restore on every rank."""
-        schedule = self._make_schedule(url, _local_world_size(self.trainer.strategy))
+        schedule = self._make_schedule(restore.path, _local_world_size(self.trainer.strategy))
         # SerializedLoading.tmpdir, or SERIALIZED_RESTORE_TMPDIR over it, else the system's temporary directory
-        self._local_copy = copy = NodeLocalCopy(url, self._options.tmpdir, self._log)
+        restore.local_copy = copy = NodeLocalCopy(restore.path, self._options.tmpdir, self._log)
         if self.trainer.local_rank == 0:
             # last resort for a job that dies between the stages: the copy never outlives the process
             atexit.register(copy.remove)
@@ -125,140 +189,151 @@ class _SerializedCheckpointConnectorMixin:
         with schedule.turn(STAGE_CHECK):
             copy.adopt(decision)
 
-    def _abandon(self) -> None:
+    def _abandon(self, restore: _Restore) -> None:
         """(each rank, after a failed stage) Free the cached checkpoint and the local copy; resume_end won't run."""
         self._loaded_checkpoint = {}
-        self._reread_optimizer_states = False
-        self._remove_local_copy()
+        restore.failed = True
+        restore.schedule = restore.loaded = restore.fingerprint = None
+        self._remove_local_copy(restore)
 
-    def _remove_local_copy(self) -> None:
-        copy, self._local_copy = self._local_copy, None
+    def _remove_local_copy(self, restore: _Restore) -> None:
+        copy, restore.local_copy = restore.local_copy, None
         if copy is not None and self.trainer.local_rank == 0:
             copy.remove()
             atexit.unregister(copy.remove)
 
-    def _restore_fsdp_full(self, checkpoint_path: Any, weights_only: Optional[bool]) -> None:
-        """(all ranks together) Stage 1 for FSDP and a full checkpoint: see ``_fsdp.py``; no turns (collectives)."""
+    def _restore_fsdp_full(self, restore: _Restore) -> None:
+        """(all ranks together) Stage 1 for FSDP and a full checkpoint: see ``_fsdp.py``; no turns (collectives).
+
+        Memory: each rank copies into private memory only its shard of the weights and of the optimizer state, one
+        unit at a time; the rest stays in the mapped file's pages, shared by the node's ranks."""
         self._rank_zero_info(
             "serialized restore: FSDP restores with collectives, so its ranks restore together instead of in turns;"
             " the full checkpoint is memory-mapped and each rank copies only its shard of the optimizer state."
         )
-        self.restore_incomplete = True
-        self._reading = _FSDP_FULL
+        restore.reading = True
         try:
-            super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
-            self._release_after_modules()
+            super()._restore_modules_and_callbacks(restore.path, restore.weights_only)  # type: ignore[misc]
+            self._release_after_modules(restore)
         except BaseException:
-            self._abandon()
+            self._abandon(restore)
             raise
         finally:
-            self._reading = None
+            restore.reading = False
 
     def resume_start(self, checkpoint_path: Any = None, weights_only: Optional[bool] = None) -> None:
-        """Upstream's ``resume_start``, reading with the turn's reader inside a turn, or FSDP's full-checkpoint path."""
-        if self._reading is None:
+        """Upstream's ``resume_start``, except inside a serialized restore's stage 1: then read with the restore's
+        reader (in the rank's turn), or through FSDP's full-checkpoint path."""
+        restore = self._restore
+        if restore is None or not restore.reading:
             super().resume_start(checkpoint_path, weights_only)  # type: ignore[misc]
             return
         self._ckpt_path = checkpoint_path
         self._rank_zero_info(f"Restoring states from the checkpoint path at {checkpoint_path}")
-        if self._reading == _FSDP_FULL:
-            self._reader_used = "mmap"
+        if restore.how is RestorePath.FSDP_FULL:
             strategy = self.trainer.strategy
             schedule = self._make_schedule(checkpoint_path, _local_world_size(strategy))
-            checkpoint = load_full_checkpoint(strategy, checkpoint_path, weights_only, self._fitting(), schedule)
+            checkpoint = load_full_checkpoint(strategy, checkpoint_path, weights_only, restore.fitting, schedule)
+            restore.loaded = LoadedCheckpoint({}, "mmap", 0)
             self._loaded_checkpoint = self._migrate(checkpoint, checkpoint_path)
             return
-        loaded = self._read(checkpoint_path, weights_only, self._options.reader)
-        self._reader_used = loaded[1]
-        self._bytes_read = loaded[2]
-        self._loaded_checkpoint = loaded[0]
-        if self._reader_used == "eager" and self._fitting():
-            self._optimizer_fingerprint = _Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
+        restore.loaded = self._read(restore, self._options.reader)
+        self._loaded_checkpoint = restore.loaded.checkpoint
+        restore.loaded.checkpoint = {}  # the dict lives in _loaded_checkpoint only
+        if restore.fitting:
+            if restore.reader == "mmap":
+                restore.optimizer_source = OptimizerSource.COPY_FROM_MAPPING
+            else:
+                restore.fingerprint = _Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
 
-    def _release_after_modules(self) -> None:
+    def _release_after_modules(self, restore: _Restore) -> None:
         """(one rank, end of its stage-1 turn) Drop what the second stage does not need."""
         checkpoint = self._loaded_checkpoint
         if "state_dict" in checkpoint:
             # keep the key, so that the dict never turns empty (upstream skips stage 2 for an empty dict)
             checkpoint["state_dict"] = {}
-        if not self._fitting():
+        if not restore.fitting:
             checkpoint.pop("optimizer_states", None)
             checkpoint.pop("lr_schedulers", None)
-        elif self._reader_used == "eager" and "optimizer_states" in checkpoint:
-            unchanged = _Fingerprint(checkpoint["optimizer_states"]) == self._optimizer_fingerprint
-            if unchanged:
+        elif restore.fingerprint is not None and "optimizer_states" in checkpoint:
+            if _Fingerprint(checkpoint["optimizer_states"]) == restore.fingerprint:
                 del checkpoint["optimizer_states"]
-                self._reread_optimizer_states = True
+                restore.optimizer_source = OptimizerSource.READ_AGAIN
             else:
                 self._log.info(
                     "serialized restore: a hook changed checkpoint['optimizer_states']; keeping it in memory until"
                     " the optimizers are restored instead of reading it again."
                 )
-        self._optimizer_fingerprint = None
+        restore.fingerprint = None
 
     # ------------------------------------------------------------- stage 2
 
     def restore_training_state(self) -> None:
         """(all ranks) Stage 2 in turns: precision plugin, loops, optimizers, lr schedulers; then free the rest.
 
-        Outside ``fit`` the cached dict holds neither weights nor optimizer state by now, so nothing is read or
-        copied: the ranks run the stage at once (``ordered=False``: failures still reach every rank), not in turns.
+        Memory: for fit, a rank's private memory grows by its optimizer state (copied from the mapping, or read
+        again), which the optimizers keep; the rest of the cached dict is dropped at the end of its turn. Outside
+        ``fit`` the cached dict holds neither weights nor optimizer state by now, so nothing is read or copied: the
+        ranks run the stage at once (``ordered=False``: failures still reach every rank), not in turns.
         """
-        schedule, self._schedule = self._schedule, None
-        if schedule is None:
+        restore = self._restore
+        schedule = restore.schedule if restore is not None else None
+        if restore is None or schedule is None:
             super().restore_training_state()  # type: ignore[misc]
             return
+        restore.schedule = None
         try:
-            with schedule.turn(STAGE_TRAINING_STATE, ordered=self._fitting()) as record:
-                self._prepare_optimizer_states(record)
+            with schedule.turn(STAGE_TRAINING_STATE, ordered=restore.fitting) as record:
+                self._prepare_optimizer_states(restore, record)
                 super().restore_training_state()  # type: ignore[misc]
                 self._loaded_checkpoint = {}
         except BaseException:
-            self._abandon()
+            self._abandon(restore)
             raise
         # every rank of the job has ended the stage: nobody reads the local copy any more
-        self._remove_local_copy()
+        self._remove_local_copy(restore)
 
-    def _prepare_optimizer_states(self, record: TurnRecord) -> None:
+    def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> None:
         """Give the cached dict optimizer state in private memory; count in ``record`` what was read or copied."""
-        if not self._fitting():
+        if not restore.fitting:
             return
-        if self._reread_optimizer_states:
-            self._reread_optimizer_states = False
-            reread = self._read(self._ckpt_path, self._weights_only, "eager")
-            self._loaded_checkpoint["optimizer_states"] = reread[0]["optimizer_states"]
-            record.bytes_read, record.reader = reread[2], reread[1]
-        elif self._reader_used == "mmap" and "optimizer_states" in self._loaded_checkpoint:
+        source, restore.optimizer_source = restore.optimizer_source, OptimizerSource.IN_DICT
+        if source is OptimizerSource.READ_AGAIN:
+            reread = self._read(restore, "eager")
+            self._loaded_checkpoint["optimizer_states"] = reread.checkpoint["optimizer_states"]
+            record.bytes_read, record.reader = reread.bytes_read, reread.reader
+        elif source is OptimizerSource.COPY_FROM_MAPPING and "optimizer_states" in self._loaded_checkpoint:
             states, copied = clone_tensors(self._loaded_checkpoint["optimizer_states"])
             self._loaded_checkpoint["optimizer_states"] = states
             record.bytes_copied = copied
 
     def resume_end(self) -> None:
-        self._schedule = None
-        self.restore_incomplete = False
-        self._remove_local_copy()
-        self._reread_optimizer_states = False
+        restore, self._restore = self._restore, None
+        if restore is not None:
+            self._remove_local_copy(restore)
         super().resume_end()  # type: ignore[misc]
 
     # ------------------------------------------------------------- helpers
 
-    def _read(self, checkpoint_path: Any, weights_only: Optional[bool], reader: str) -> tuple[dict[str, Any], str, int]:
-        source = self._local_copy.checked_path() if self._local_copy is not None else checkpoint_path
+    def _read(self, restore: _Restore, reader: str) -> LoadedCheckpoint:
+        """(one rank, inside its turn) Read and migrate the whole checkpoint with ``reader``."""
+        strategy, source = self.trainer.strategy, restore.read_path()
         with flavour_of(self).import_("utilities.migration", "pl_legacy_patch")():
-            loaded = read_checkpoint(self.trainer.strategy, source, weights_only, reader, self._log)
-        return self._migrate(loaded.checkpoint, checkpoint_path), loaded.reader, loaded.bytes_read
+            loaded = read_checkpoint(strategy, source, restore.weights_only, reader, self._log)
+        loaded.checkpoint = self._migrate(loaded.checkpoint, restore.path)
+        return loaded
 
     def _migrate(self, checkpoint: dict[str, Any], checkpoint_path: Any) -> dict[str, Any]:
         migrate = flavour_of(self).import_("utilities.migration.utils", "_pl_migrate_checkpoint")
         return migrate(checkpoint, checkpoint_path)
 
     def _fitting(self) -> bool:
-        return self.trainer.state.fn == "fit"
+        return self.trainer.state.fn == flavour_of(self).import_("trainer.states", "TrainerFn").FITTING
 
     def _rank_zero_info(self, message: str) -> None:
         flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(message)
 
-    def _restore_plan(self, checkpoint_path: Any) -> str:
+    def _choose_path(self, checkpoint_path: Any) -> RestorePath:
         """(all ranks) How the option restores with this strategy: in turns, FSDP's full-checkpoint path, or upstream.
 
         In turns only where the strategy restores without collectives: single device and the DDP family. FSDP
@@ -277,16 +352,16 @@ class _SerializedCheckpointConnectorMixin:
             # FSDP's own load_checkpoint broadcasts the path from rank 0 first: every rank decides on the same path
             kind, why = checkpoint_kind(strategy, strategy.broadcast(checkpoint_path))
             if kind == FULL:
-                return _FSDP_FULL
+                return RestorePath.FSDP_FULL
             self._rank_zero_info(
                 "serialized restore: each FSDP rank reads only its own shards of a sharded checkpoint; no turns are"
                 " needed."
                 if kind == SHARDED
                 else f"serialized restore: FSDP's own restore is used as is: {why}."
             )
-            return _UPSTREAM
+            return RestorePath.UPSTREAM
         if base is not None and not overridden and not strategy.restore_checkpoint_after_setup:
-            return _TURNS
+            return RestorePath.TURNS
         if type(strategy) not in self._warned_strategies:
             self._warned_strategies.add(type(strategy))
             why = (
@@ -298,37 +373,34 @@ class _SerializedCheckpointConnectorMixin:
                 f"`Trainer(serialized_checkpoint_loading={self._options.value!r})` has no effect with"
                 f" {type(strategy).__name__}: {why}. The checkpoint is restored as upstream Lightning does."
             )
-        return _UPSTREAM
+        return RestorePath.UPSTREAM
 
-    def _max_concurrent(self, checkpoint_path: Any) -> int:
+    def _decide_max_concurrent(self, restore: _Restore) -> int:
         """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it from free memory.
 
         The node's other ranks wait for the decision as they wait for a turn (``STAGE_PLAN``): a local rank 0 that
         dies or raises before deciding ends the restore on every rank within the same bounds as a failed turn.
+        Raises ``MemoryError`` when not even one rank fits.
         """
         if self._options.max_concurrent is not None:
             return self._options.max_concurrent
-        source = self._local_copy.path if self._local_copy is not None else checkpoint_path
+        source = restore.local_copy.path if restore.local_copy is not None else restore.path
         strategy = self.trainer.strategy
-        reader = (
-            "eager"
-            if self._options.reader == "eager"
-            else ("mmap" if mmap_unsupported_reason(strategy, source) is None else "eager")
-        )
+        reader, _ = choose_reader(strategy, source, self._options.reader)
         size = os.path.getsize(local) if (local := local_path(source)) and os.path.isfile(local) else 0
 
         def decide() -> str:
             plan = plan_auto(size, reader, _local_world_size(strategy))
             return json.dumps([plan.max_concurrent, plan.describe()])
 
-        schedule = self._make_schedule(checkpoint_path, _local_world_size(strategy))
+        schedule = self._make_schedule(restore.path, _local_world_size(strategy))
         k, figures = _parse_plan(schedule.decide_per_node(STAGE_PLAN, decide))
         if self.trainer.local_rank == 0:
             self._log.info(f'serialized restore: "auto" chose k={k} for node {self.trainer.node_rank}: {figures}')
         if k < 1:
             raise MemoryError(
                 '`Trainer(serialized_checkpoint_loading="auto")` found that not even one rank of node'
-                f" {self.trainer.node_rank} can restore {str(checkpoint_path)!r} in the memory available ({figures})."
+                f" {self.trainer.node_rank} can restore {str(restore.path)!r} in the memory available ({figures})."
                 + (
                     " Free memory, let it be read memory-mapped (a local checkpoint in torch's zip format, read by the"
                     f" stock TorchCheckpointIO, and {READER_ENV} not `eager`),"
@@ -340,6 +412,7 @@ class _SerializedCheckpointConnectorMixin:
         return int(k)
 
     def _make_schedule(self, checkpoint_path: Any, max_concurrent: int) -> TurnSchedule:
+        """(all ranks) A schedule over the job's default store (none for a single process)."""
         strategy = self.trainer.strategy
         initialized = dist.is_available() and dist.is_initialized()
         trainer = self.trainer

@@ -1,7 +1,7 @@
 """Liveness: each rank's monitor thread keeps the rank visible, watches its node's other ranks, and ends its waits.
 
-While a rank takes part in a stage, a daemon thread (:class:`Monitor`) on the monitor connection
-(``_store.open_namespace``):
+While a rank takes part in a stage, its :class:`Monitor`, run by the process's monitor thread on the monitor
+connection (``_store.open_namespace``):
 
 * beats the rank's heartbeat a few times per heartbeat timeout (every ``SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT / 4``
   seconds, at most ``_BEAT_MAX``);
@@ -15,6 +15,11 @@ While a rank takes part in a stage, a daemon thread (:class:`Monitor`) on the mo
   of the stage's failure reports, so that the rank can still name a failure if the store disappears.
 
 Every failure it finds is posted through ``_exchange.post_failures``, which wakes every waiting rank.
+
+One daemon thread per process (:class:`_MonitorThread`) runs the monitors of every schedule in the process, each at
+its own tick. A job has one rank per process, so that is one thread per rank, as if each monitor had its own; where
+many ranks share a process (the coordination benchmark's simulated ranks), they cost one thread's wake-ups instead
+of one per rank.
 """
 
 from __future__ import annotations
@@ -233,22 +238,30 @@ class Monitor:
         self._next_identity = now
         self._next_where = self._next_closed = 0.0
         self._main = threading.get_ident()
-        self._thread = threading.Thread(target=self._run, name="serialized-restore-monitor", daemon=True)
+        self._runner: Optional[_MonitorThread] = None
         watch.new_stage()
+
+    @property
+    def tick(self) -> float:
+        """Seconds between two of its steps."""
+        return self._tick
 
     # ------------------------------------------------------------ main thread
 
     def start(self) -> None:
-        self._thread.start()
+        self._runner = _MonitorThread.of_this_process()
+        self._runner.add(self)
 
     def stop(self) -> None:
+        """Take it off the monitor thread; once this returns no step of it runs (unless called from a step)."""
         self._stopped.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
+        if self._runner is not None:
+            self._runner.remove(self, timeout=5.0)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        """Whether its steps still run (stopped on a lost store or an error of its own)."""
+        return self._runner is not None and self._runner.runs(self)
 
     def enter_turn(self) -> None:
         now = time.monotonic()
@@ -294,14 +307,18 @@ class Monitor:
 
     # --------------------------------------------------------- monitor thread
 
-    def _run(self) -> None:
+    def step(self, now: float) -> bool:
+        """One step on the monitor thread; ``False`` once it must not run again."""
+        if self._stopped.is_set():
+            return False
         try:
-            while not self._stopped.wait(self._tick):
-                self._step(time.monotonic())
+            self._step(now)
         except StoreLost:
-            return  # the store is gone: the main thread finds out on its next store operation
+            return False  # the store is gone: the main thread finds out on its next store operation
         except Exception:  # never let a bug here end the process; the main thread's waits have a backstop
-            log.debug("serialized restore: the monitor thread stopped", exc_info=True)
+            log.debug("serialized restore: a monitor stopped", exc_info=True)
+            return False
+        return True
 
     def _step(self, now: float) -> None:
         p, keys = self._p, self._keys
@@ -460,3 +477,72 @@ class Monitor:
             arrived=arrived,
             wheres=wheres,
         )
+
+
+class _MonitorThread:
+    """The daemon thread that runs every :class:`Monitor` of this process, each every ``monitor.tick`` seconds."""
+
+    _current: Optional[_MonitorThread] = None
+    _create_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._cond = threading.Condition()
+        self._due: dict[Monitor, float] = {}
+        self._stepping: Optional[Monitor] = None
+        self._thread = threading.Thread(target=self._run, name="serialized-restore-monitor", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def of_this_process(cls) -> _MonitorThread:
+        """The process's monitor thread, started on first use (and again in a forked child, which has none)."""
+        with cls._create_lock:
+            current = cls._current
+            if current is None or current._pid != os.getpid() or not current._thread.is_alive():
+                current = cls._current = cls()
+            return current
+
+    def add(self, monitor: Monitor) -> None:
+        with self._cond:
+            self._due[monitor] = time.monotonic() + monitor.tick
+            self._cond.notify_all()
+
+    def remove(self, monitor: Monitor, timeout: float) -> None:
+        """Drop ``monitor``; wait (up to ``timeout``) for a step of it in progress to end, unless called by it."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._due.pop(monitor, None)
+            if threading.current_thread() is self._thread:
+                return
+            while self._stepping is monitor and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+
+    def runs(self, monitor: Monitor) -> bool:
+        with self._cond:
+            return self._thread.is_alive() and monitor in self._due
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = sorted((at, i, m) for i, (m, at) in enumerate(self._due.items()) if at <= now)
+                if not due:
+                    self._cond.wait(min(self._due.values()) - now if self._due else None)
+                    continue
+            for _, _, monitor in due:
+                with self._cond:
+                    if monitor not in self._due:
+                        continue  # stopped meanwhile
+                    self._stepping = monitor
+                keep = False
+                try:
+                    keep = monitor.step(time.monotonic())
+                finally:
+                    with self._cond:
+                        self._stepping = None
+                        if monitor in self._due:
+                            if keep:
+                                self._due[monitor] = time.monotonic() + monitor.tick
+                            else:
+                                del self._due[monitor]
+                        self._cond.notify_all()

@@ -137,20 +137,33 @@ def _accept_in_every_imported_flavour(cls: type) -> None:
             base.register(cls)
 
 
+def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, Optional[str]]:
+    """The one rule for how a rank reads ``path``: ``("mmap", None)`` where ``requested`` (``"auto"``, ``"mmap"``
+    or ``"eager"``) allows it and the file can be memory-mapped for ``strategy``, else ``("eager", why)``, ``why``
+    being ``None`` when eager reading was requested. ``"auto"``'s memory estimate uses it before anything is read."""
+    if requested == "eager":
+        return "eager", None
+    reason = mmap_unsupported_reason(strategy, path)
+    return ("mmap", None) if reason is None else ("eager", reason)
+
+
 def read_checkpoint(
     strategy: Any, path: Any, weights_only: Optional[bool], reader: str, logger: logging.Logger = log
 ) -> LoadedCheckpoint:
-    """(one rank, inside its turn) Read the whole checkpoint with the chosen reader.
+    """(one rank, inside its turn) Read the whole checkpoint with the reader ``choose_reader`` picks.
 
     ``reader`` is ``"auto"`` or ``"mmap"`` (memory-mapped when possible, else eager, saying why at INFO on
     ``logger``: the connector passes the flavour's ``<lightning>.serialized_restore`` logger) or ``"eager"``.
+
+    Memory: memory-mapped, the rank's private memory grows by nothing but the unpickled containers (the tensors are
+    views of the file's pages in the page cache); eager, by the whole checkpoint (about the file's size).
     """
-    if reader != "eager":
-        reason = mmap_unsupported_reason(strategy, path)
-        if reason is None:
-            # as TorchCheckpointIO: keep the device each tensor was saved from
-            checkpoint = load_mmap(path, lambda storage, loc: storage, weights_only)
-            return LoadedCheckpoint(checkpoint, "mmap", _file_size(local_path(path)))
+    chosen, reason = choose_reader(strategy, path, reader)
+    if chosen == "mmap":
+        # as TorchCheckpointIO: keep the device each tensor was saved from
+        checkpoint = load_mmap(path, lambda storage, loc: storage, weights_only)
+        return LoadedCheckpoint(checkpoint, "mmap", _file_size(local_path(path)))
+    if reason is not None:
         logger.info(f"Reading {path!r} eagerly instead of memory-mapped: {reason}.")
     checkpoint = strategy.load_checkpoint(path, weights_only=weights_only)
     return LoadedCheckpoint(checkpoint, "eager", _file_size(local_path(path)))

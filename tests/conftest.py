@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from filelock import FileLock
 
-from tests.helpers.launch import JobResult, run_job
-
-JOB_TIMEOUT = 180.0
+from tests.helpers.checks import JOB_TIMEOUT, rank_files, shared_dir, shared_job
+from tests.helpers.launch import run_job
 
 # TCPStore resolves the name of every peer that connects; where the resolver is slow to answer (as in some sandboxes
 # and CI containers) one lookup stalls the store for its default 5 s timeout, which the tests' prompt bounds would
@@ -26,18 +24,10 @@ if os.environ.get("SERIALIZED_RESTORE_TRAINER", "") == "patched-upstream":
     sys.modules["serialized_restore"] = None  # type: ignore[assignment]
 
 
-def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One directory per test session, shared by its xdist workers, so that reference jobs run once per session."""
-    session_dir = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        session_dir = session_dir.parent  # <session>/popen-gw<n>
-    return session_dir / "shared-reference-jobs"
-
-
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A 1-epoch checkpoint from upstream Lightning on 2 ranks, and an uninterrupted 2-epoch run (every rank)."""
-    root = _shared_dir(tmp_path_factory)
+    root = shared_dir(tmp_path_factory)
     root.mkdir(parents=True, exist_ok=True)
     done = root / "done.json"
     with FileLock(str(root / "lock")):
@@ -50,29 +40,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             full = run_job({"trainer": "upstream", "out": str(root / "epoch2"), "max_epochs": 2}, timeout=JOB_TIMEOUT)
             assert full.returncode == 0, full.output[-4000:]
             done.write_text(json.dumps({"ok": True}))
-    ranks = {r: torch.load(p, weights_only=False) for r, p in _rank_files(root / "epoch2").items()}
+    ranks = {r: torch.load(p, weights_only=False) for r, p in rank_files(root / "epoch2").items()}
     return {"ckpt": str(root / "epoch1.ckpt"), "uninterrupted": ranks, "root": root}
-
-
-def _rank_files(out: Path) -> dict[int, Path]:
-    return {int(p.stem[4:]): p for p in out.glob("rank*.pt")}
-
-
-def shared_job(tmp_path_factory: pytest.TempPathFactory, name: str, config: dict[str, Any]) -> dict[int, Any]:
-    """Run a job that must succeed once per test session (whichever xdist worker asks first); every rank's result.
-
-    ``config["out"]`` is set to ``<shared dir>/<name>``; other paths in ``config`` may refer to the shared dir.
-    """
-    root = _shared_dir(tmp_path_factory)
-    root.mkdir(parents=True, exist_ok=True)
-    out = root / name
-    with FileLock(str(root / f"lock-{name}")):
-        if not (out / "done").exists():
-            result = run_job({**config, "out": str(out)}, timeout=JOB_TIMEOUT)
-            assert result.returncode == 0, result.output[-4000:]
-            assert not result.errors, result.errors
-            (out / "done").write_text("")
-    return {r: torch.load(p, weights_only=False) for r, p in _rank_files(out).items()}
 
 
 @pytest.fixture(scope="session")
@@ -80,11 +49,3 @@ def upstream_resume(tmp_path_factory: pytest.TempPathFactory, reference: dict[st
     """Upstream Lightning resuming the reference checkpoint to epoch 2 on 2 ranks."""
     config = {"trainer": "upstream", "max_epochs": 2, "ckpt_path": reference["ckpt"]}
     return shared_job(tmp_path_factory, "upstream-resume", config)
-
-
-def run_ok(config: dict[str, Any], timeout: float = JOB_TIMEOUT, env: Any = None) -> JobResult:
-    """Run a job that must succeed on every rank."""
-    result = run_job(config, timeout=timeout, env=env)
-    assert result.returncode == 0, result.output[-6000:]
-    assert not result.errors, result.errors
-    return result

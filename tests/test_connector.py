@@ -11,23 +11,15 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.strategies import SingleDeviceStrategy, Strategy
 
+from harness.models import dataloader, make_model_class
+from harness.trainers import quiet_cpu_trainer_kwargs
 from serialized_restore import Trainer
-from tests.helpers.models import dataloader, make_model_class
 
 Model = make_model_class("pytorch_lightning")
 
 
 def _trainer(tmp_path: Path, **kwargs: Any) -> Trainer:
-    defaults: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    defaults = quiet_cpu_trainer_kwargs(str(tmp_path), 1, "auto", max_epochs=1, enable_checkpointing=False)
     return Trainer(**{**defaults, **kwargs})
 
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 
 from serialized_restore._diagnosis import Where, gone_failure, parse_reports, store_lost_failure, timeout_failures
 from serialized_restore._errors import RankFailure
-from serialized_restore._liveness import Identity, PeerWatch, beat_interval, process_alive, recheck_interval
+from serialized_restore._liveness import (
+    Identity,
+    PeerWatch,
+    _MonitorThread,
+    beat_interval,
+    process_alive,
+    recheck_interval,
+)
 from serialized_restore._options import HEARTBEAT_TIMEOUT_ENV, TURN_TIMEOUT_ENV
 from serialized_restore._order import NodeLog, TurnOrder
 
@@ -128,3 +137,52 @@ def test_reports_that_are_not_ours_are_named_as_such():
     parsed = parse_reports(good.to_json() + "\n\n{not json\n", STAGE)
     assert parsed[0] == good
     assert parsed[1].kind == "malformed report" and parsed[1].global_rank == -1
+
+
+class _Ticking:
+    """Stands in for a ``Monitor`` on the monitor thread: counts its steps and the threads that ran them."""
+
+    def __init__(self, tick: float, step_seconds: float = 0.0, steps_before_stop: int = -1) -> None:
+        self.tick = tick
+        self.step_seconds = step_seconds
+        self.steps_before_stop = steps_before_stop
+        self.steps = 0
+        self.running = False
+        self.threads: set[int] = set()
+
+    def step(self, now: float) -> bool:
+        self.running = True
+        self.threads.add(threading.get_ident())
+        time.sleep(self.step_seconds)
+        self.steps += 1
+        self.running = False
+        return self.steps != self.steps_before_stop
+
+
+def test_one_monitor_thread_runs_every_monitor_of_a_process_at_its_own_tick():
+    """Monitors of several schedules in one process share one thread; each is stepped at its own rate; one whose step
+    asks to stop is no longer run; a removed one is not stepped again, and removal waits for a step in progress."""
+    runner = _MonitorThread.of_this_process()
+    assert _MonitorThread.of_this_process() is runner
+    fast, slow, once = _Ticking(0.01), _Ticking(0.1), _Ticking(0.01, steps_before_stop=1)
+    for monitor in (fast, slow, once):
+        runner.add(monitor)
+    time.sleep(0.5)
+    assert fast.steps > 2 * slow.steps >= 4
+    assert once.steps == 1 and not runner.runs(once)
+    assert len(fast.threads | slow.threads) == 1 and threading.get_ident() not in fast.threads
+    assert runner.runs(fast) and runner.runs(slow)
+
+    long = _Ticking(0.01, step_seconds=0.3)
+    runner.add(long)
+    deadline = time.monotonic() + 2.0
+    while not long.running and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert long.running
+    runner.remove(long, timeout=2.0)
+    assert not long.running and long.steps == 1  # removal waited for the step in progress to end
+    for monitor in (fast, slow):
+        runner.remove(monitor, timeout=2.0)
+    counts = (fast.steps, slow.steps, long.steps)
+    time.sleep(0.2)
+    assert (fast.steps, slow.steps, long.steps) == counts

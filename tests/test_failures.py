@@ -20,8 +20,8 @@ from typing import Any, Optional
 import pytest
 import torch
 
+from harness.models import make_model_class
 from tests.helpers import launch
-from tests.helpers.models import make_model_class
 
 FAILING_JOB = Path(__file__).with_name("helpers") / "failing_job.py"
 TURN_TIMEOUT = 8.0
@@ -109,7 +109,6 @@ class Run:
 
 def _run(
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     cases: list[dict[str, Any]],
     *,
     strategy: str = "ddp",
@@ -151,7 +150,7 @@ def _assert_raised_on_every_rank(
 
 
 @pytest.mark.timeout(200)
-def test_an_exception_on_one_rank_is_raised_on_every_rank(tmp_path, monkeypatch, checkpoint_dir):
+def test_an_exception_on_one_rank_is_raised_on_every_rank(tmp_path, checkpoint_dir):
     """An exception on rank 0, a middle or the last rank, in either stage, ends every rank with one error at once."""
     before = _snapshot(checkpoint_dir)
     ckpt = str(checkpoint_dir / "last.ckpt")
@@ -164,7 +163,7 @@ def test_an_exception_on_one_rank_is_raised_on_every_rank(tmp_path, monkeypatch,
     ]
     for case in cases:
         case["ckpt_path"] = ckpt
-    run = _run(tmp_path, monkeypatch, cases, devices=3, continue_after_failure=True, timeout=180)
+    run = _run(tmp_path, cases, devices=3, continue_after_failure=True, timeout=180)
     assert run.returncode == 0, run.output[-4000:]
     expected = [
         (0, STAGE_1, "RuntimeError: injected failure in module_hook on rank 0", "on_load_checkpoint"),
@@ -186,12 +185,12 @@ def test_an_exception_on_one_rank_is_raised_on_every_rank(tmp_path, monkeypatch,
 
 
 @pytest.mark.timeout(150)
-def test_an_exception_on_one_rank_ends_a_ddp_job(tmp_path, monkeypatch, checkpoint_dir):
+def test_an_exception_on_one_rank_ends_a_ddp_job(tmp_path, checkpoint_dir):
     """With ``ddp``, an exception on a child rank reaches every rank before the launcher ends the job."""
     before = _snapshot(checkpoint_dir)
     ckpt = str(checkpoint_dir / "last.ckpt")
     cases = [{"name": "ddp, last rank raises", "ckpt_path": ckpt, "fault": {"rank": 1, "in": "module_hook"}}]
-    run = _run(tmp_path, monkeypatch, cases, timeout=120)
+    run = _run(tmp_path, cases, timeout=120)
     assert run.returncode != 0
     name = cases[0]["name"]
     _assert_raised_on_every_rank(run, name, 2, [1], ckpt, STAGE_1, "injected failure in module_hook on rank 1")
@@ -201,12 +200,12 @@ def test_an_exception_on_one_rank_ends_a_ddp_job(tmp_path, monkeypatch, checkpoi
 
 
 @pytest.mark.timeout(200)
-def test_an_exception_on_one_rank_ends_a_ddp_spawn_job(tmp_path, monkeypatch, checkpoint_dir):
+def test_an_exception_on_one_rank_ends_a_ddp_spawn_job(tmp_path, checkpoint_dir):
     """With ``ddp_spawn``, every worker writes the same error before the launcher terminates the others."""
     before = _snapshot(checkpoint_dir)
     ckpt = str(checkpoint_dir / "last.ckpt")
     cases = [{"name": "ddp_spawn, last rank raises", "ckpt_path": ckpt, "fault": {"rank": 1, "in": "module_hook"}}]
-    run = _run(tmp_path, monkeypatch, cases, strategy="ddp_spawn", timeout=180)
+    run = _run(tmp_path, cases, strategy="ddp_spawn", timeout=180)
     assert run.returncode != 0
     name = cases[0]["name"]
     _assert_raised_on_every_rank(run, name, 2, [1], ckpt, STAGE_1, "injected failure in module_hook on rank 1")
@@ -217,13 +216,13 @@ def test_an_exception_on_one_rank_ends_a_ddp_spawn_job(tmp_path, monkeypatch, ch
 
 
 @pytest.mark.timeout(150)
-def test_no_checkpoint_of_a_half_restored_model_is_written(tmp_path, monkeypatch, checkpoint_dir):
+def test_no_checkpoint_of_a_half_restored_model_is_written(tmp_path, checkpoint_dir):
     """``ModelCheckpoint(save_on_exception=True)`` and ``OnExceptionCheckpoint`` write nothing when a restore fails."""
     before = _snapshot(checkpoint_dir)
     ckpt = str(checkpoint_dir / "last.ckpt")
     fault = {"rank": 1, "in": "optimizer_state"}
     cases = [{"name": "stage 2 fails", "ckpt_path": ckpt, "fault": fault, "checkpoint_dir": str(checkpoint_dir)}]
-    run = _run(tmp_path, monkeypatch, cases, timeout=120)
+    run = _run(tmp_path, cases, timeout=120)
     _assert_raised_on_every_rank(run, "stage 2 fails", 2, [1], ckpt, STAGE_2, "different number of parameter groups")
     after = _snapshot(checkpoint_dir)
     assert {name: after[name] for name in before} == before  # holds today: nothing is modified or removed
@@ -250,14 +249,12 @@ def _assert_dead_rank_reported(run: Run, name: str, world: int, dead: int, fragm
 
 
 @pytest.mark.timeout(150)
-def test_a_rank_killed_in_its_turn_ends_a_ddp_job(tmp_path, monkeypatch, checkpoint_dir):
+def test_a_rank_killed_in_its_turn_ends_a_ddp_job(tmp_path, checkpoint_dir):
     """A middle rank SIGKILLed in its turn ends the job at once: its node reports it, or Lightning's observer does."""
     before = _snapshot(checkpoint_dir)
     ckpt = str(checkpoint_dir / "last.ckpt")
     name = "ddp, middle rank killed"
-    run = _run(
-        tmp_path, monkeypatch, [{"name": name, "ckpt_path": ckpt, "fault": {"rank": 1, "in": "kill"}}], devices=3
-    )
+    run = _run(tmp_path, [{"name": name, "ckpt_path": ckpt, "fault": {"rank": 1, "in": "kill"}}], devices=3)
     fragments = (
         "rank 1 (node 0, local rank 1)",
         "exited while inside its turn",
@@ -271,12 +268,12 @@ def test_a_rank_killed_in_its_turn_ends_a_ddp_job(tmp_path, monkeypatch, checkpo
 
 
 @pytest.mark.timeout(150)
-def test_rank_zero_killed_in_its_turn_ends_a_ddp_job(tmp_path, monkeypatch, checkpoint_dir):
+def test_rank_zero_killed_in_its_turn_ends_a_ddp_job(tmp_path, checkpoint_dir):
     """Killing rank 0, which hosts the store, ends every other rank at once with an error naming rank 0."""
     before = _snapshot(checkpoint_dir)
     ckpt = str(checkpoint_dir / "last.ckpt")
     name = "ddp, rank 0 killed"
-    run = _run(tmp_path, monkeypatch, [{"name": name, "ckpt_path": ckpt, "fault": {"rank": 0, "in": "kill"}}])
+    run = _run(tmp_path, [{"name": name, "ckpt_path": ckpt, "fault": {"rank": 0, "in": "kill"}}])
     ranks = run.ranks(name)
     assert sorted(ranks) == [1], run.output[-4000:]
     assert ranks[1]["failed_ranks"] == [0] and ranks[1]["kinds"] == ["store lost"]
@@ -287,13 +284,13 @@ def test_rank_zero_killed_in_its_turn_ends_a_ddp_job(tmp_path, monkeypatch, chec
 
 
 @pytest.mark.timeout(200)
-def test_a_rank_killed_in_its_turn_ends_a_ddp_spawn_job(tmp_path, monkeypatch, checkpoint_dir):
+def test_a_rank_killed_in_its_turn_ends_a_ddp_spawn_job(tmp_path, checkpoint_dir):
     """With ``ddp_spawn`` a SIGKILLed worker ends the job within the bound, by our error or the launcher's."""
     before = _snapshot(checkpoint_dir)
     ckpt = str(checkpoint_dir / "last.ckpt")
     name = "ddp_spawn, last rank killed"
     cases = [{"name": name, "ckpt_path": ckpt, "fault": {"rank": 1, "in": "kill"}}]
-    run = _run(tmp_path, monkeypatch, cases, strategy="ddp_spawn", timeout=180)
+    run = _run(tmp_path, cases, strategy="ddp_spawn", timeout=180)
     assert run.returncode != 0
     assert "ProcessExitedException" in run.output and "SIGKILL" in run.output
     _assert_dead_rank_reported(run, name, 2, 1, ("exited while inside its turn",))
@@ -306,14 +303,14 @@ def test_a_rank_killed_in_its_turn_ends_a_ddp_spawn_job(tmp_path, monkeypatch, c
 
 
 @pytest.mark.timeout(150)
-def test_a_turn_longer_than_the_timeout_names_the_setting(tmp_path, monkeypatch, checkpoint_dir):
+def test_a_turn_longer_than_the_timeout_names_the_setting(tmp_path, checkpoint_dir):
     """A live turn longer than the turn timeout ends every rank with an error naming the slow rank and the setting."""
     ckpt = str(checkpoint_dir / "last.ckpt")
     name = "ddp, slow turn on the last rank"
     turn_timeout = 4.0
     cases = [{"name": name, "ckpt_path": ckpt, "fault": {"rank": 1, "in": "sleep", "seconds": turn_timeout + 5}}]
     env = {"SERIALIZED_RESTORE_TURN_TIMEOUT": str(turn_timeout)}
-    run = _run(tmp_path, monkeypatch, cases, env=env)
+    run = _run(tmp_path, cases, env=env)
     fragments = ("still inside its turn", "SERIALIZED_RESTORE_TURN_TIMEOUT (seconds, now 4)", "slow", "time.sleep(")
     _assert_raised_on_every_rank(run, name, 2, [1], ckpt, STAGE_1, *fragments)
     fault = run.fault_at(name)
@@ -325,13 +322,13 @@ def test_a_turn_longer_than_the_timeout_names_the_setting(tmp_path, monkeypatch,
 
 
 @pytest.mark.timeout(150)
-def test_a_collective_in_a_hook_ends_in_the_timeout_error(tmp_path, monkeypatch, checkpoint_dir):
+def test_a_collective_in_a_hook_ends_in_the_timeout_error(tmp_path, checkpoint_dir):
     """A ``broadcast`` in ``on_load_checkpoint`` cannot complete in turns: every rank raises an error that says so."""
     ckpt = str(checkpoint_dir / "last.ckpt")
     name = "ddp, broadcast in on_load_checkpoint"
     turn_timeout = 4.0
     cases = [{"name": name, "ckpt_path": ckpt, "fault": {"rank": "all", "in": "collective"}}]
-    run = _run(tmp_path, monkeypatch, cases, env={"SERIALIZED_RESTORE_TURN_TIMEOUT": str(turn_timeout)})
+    run = _run(tmp_path, cases, env={"SERIALIZED_RESTORE_TURN_TIMEOUT": str(turn_timeout)})
     fragments = (
         "blocked in the collective `torch.distributed.broadcast`",
         "`on_load_checkpoint`",
@@ -422,7 +419,7 @@ def _bad_inputs(directory: Path, trained: Path) -> tuple[list[dict[str, Any]], d
 
 
 @pytest.mark.timeout(240)
-def test_bad_input_is_refused_on_every_rank(tmp_path, monkeypatch, trained_checkpoint):
+def test_bad_input_is_refused_on_every_rank(tmp_path, trained_checkpoint):
     """Each kind of bad checkpoint is refused on every rank with a message that says what is wrong with it."""
     directory = tmp_path / "inputs"
     cases, fragments = _bad_inputs(directory, trained_checkpoint)
@@ -437,7 +434,7 @@ def test_bad_input_is_refused_on_every_rank(tmp_path, monkeypatch, trained_check
         },
     ]
     before = _snapshot(directory)
-    run = _run(tmp_path, monkeypatch, cases + readable, continue_after_failure=True, timeout=220)
+    run = _run(tmp_path, cases + readable, continue_after_failure=True, timeout=220)
     assert run.returncode == 0, run.output[-4000:]
     for case in cases:
         name = case["name"]

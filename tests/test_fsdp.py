@@ -1,6 +1,6 @@
 """FSDP on CPU (gloo), through Lightning's own ``FSDPStrategy`` restore code, with and without the option.
 
-Lightning's stock ``FSDPStrategy`` requires a GPU; ``CPUFSDPStrategy`` (``tests/helpers/models.py``) differs from it
+Lightning's stock ``FSDPStrategy`` requires a GPU; ``CPUFSDPStrategy`` (``harness/models.py``) differs from it
 only in wrapping the model with ``device_id=cpu``. Full checkpoints are written by the 2-rank DDP reference job
 (torch 2.13's full-state FSDP save crashes on CPU); that is also how a DDP-trained model moves to FSDP. Every result
 is compared bit for bit with upstream's FSDP restore of the same checkpoint on the same topology (FSDP's sharded
@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import run_ok, shared_job
+from tests.helpers.checks import assert_same, assert_training_state_equal, run_ok, shared_job
 from tests.helpers.launch import run_job
-from tests.test_restore import assert_same, assert_training_state_equal
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -65,6 +65,7 @@ def test_sdist_can_run_its_tests(dist: Path) -> None:
         "tests/conftest.py",
         "tests/helpers/launch.py",
         "tests/helpers/job.py",
+        "harness/models.py",
         "requirements/ci.txt",
         "scripts/test.sh",
         "scripts/env.sh",

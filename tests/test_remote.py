@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 
 from serialized_restore._remote import FILE_NAME, PREFIX, NodeLocalCopy, check_fetch_directory, ensure_free_space
-from tests.conftest import JOB_TIMEOUT, run_ok
+from tests.helpers.checks import JOB_TIMEOUT, assert_training_state_equal, run_ok
 from tests.helpers.launch import run_job
-from tests.test_restore import assert_training_state_equal
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -151,6 +150,11 @@ def fetch_dir(tmp_path: Path) -> Iterator[Path]:
     yield directory
 
 
+def _validate_job(tmp_path: Path, url: str) -> dict[str, Any]:
+    """The config of a 2-rank job that validates from ``url`` with the option on."""
+    return {"trainer": "ours", "serialized": True, "out": str(tmp_path / "job"), "entry": "validate", "ckpt_path": url}
+
+
 def _env(fetch_dir: Path, port: int, **extra: str) -> dict[str, str]:
     return {
         "SERIALIZED_RESTORE_TMPDIR": str(fetch_dir),
@@ -231,13 +235,7 @@ def test_truncated_download_fails_on_every_rank_and_leaves_nothing(
     with _Server(Path(reference["ckpt"]).read_bytes(), truncate=True, stall=1.0) as server:
         with _Watcher(fetch_dir) as watcher:
             result = run_job(
-                {
-                    "trainer": "ours",
-                    "serialized": True,
-                    "out": str(tmp_path / "job"),
-                    "entry": "validate",
-                    "ckpt_path": server.url,
-                },
+                _validate_job(tmp_path, server.url),
                 timeout=JOB_TIMEOUT,
                 env=_env(fetch_dir, _free_port(), SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT="5"),
             )
@@ -259,13 +257,7 @@ def test_a_download_directory_others_can_write_to_is_refused_on_every_rank(
     fetch_dir.chmod(0o777)
     with _Server(Path(reference["ckpt"]).read_bytes()) as server:
         result = run_job(
-            {
-                "trainer": "ours",
-                "serialized": True,
-                "out": str(tmp_path / "job"),
-                "entry": "validate",
-                "ckpt_path": server.url,
-            },
+            _validate_job(tmp_path, server.url),
             timeout=JOB_TIMEOUT,
             env=_env(fetch_dir, _free_port()),
         )
@@ -291,11 +283,7 @@ def test_a_rank_that_refuses_the_announced_copy_ends_the_restore_on_every_rank(
     with _Server(Path(reference["ckpt"]).read_bytes()) as server:
         result = run_job(
             {
-                "trainer": "ours",
-                "serialized": True,
-                "out": str(tmp_path / "job"),
-                "entry": "validate",
-                "ckpt_path": server.url,
+                **_validate_job(tmp_path, server.url),
                 "env_by_local_rank": {str(r): {"SERIALIZED_RESTORE_TMPDIR": str(d)} for r, d in dirs.items()},
             },
             timeout=JOB_TIMEOUT,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -10,70 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import run_ok
+from tests.helpers.checks import assert_same, assert_training_state_equal, max_concurrent, run_ok, turn_intervals
 from tests.helpers.launch import run_job
 
 pytestmark = pytest.mark.timeout(400)
-
-_TURN_LINE = re.compile(r"\[rank (\d+)\] serialized restore: turn for '(.+)' (started|ended)")
-
-
-def assert_same(a: Any, b: Any, where: str) -> None:
-    """Exact (bitwise) equality of nested states."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: {sorted(a)} != {sorted(b)}"
-        for key in a:
-            assert_same(a[key], b[key], f"{where}/{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}/{i}")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
-def assert_training_state_equal(got: dict[int, Any], expected: dict[int, Any]) -> None:
-    """``got``, a resumed run, ends every rank in exactly ``expected``'s training state.
-
-    ``expected`` may be the uninterrupted run, which a run that silently ignored the checkpoint would reproduce too,
-    so every rank of ``got`` must also have restored a checkpoint: its ``on_load_checkpoint`` ran.
-    """
-    assert sorted(got) == sorted(expected), "not every rank reported"
-    for rank in got:
-        assert got[rank]["ckpt_path"], f"rank {rank} did not resume from a checkpoint"
-        assert got[rank]["module_records"], f"rank {rank}: on_load_checkpoint never ran"
-    for rank in expected:
-        for key in ("params", "optimizers", "schedulers", "global_step", "fit_loop", "callback_batches_seen"):
-            assert_same(got[rank][key], expected[rank][key], f"rank {rank}: {key}")
-
-
-def turn_intervals(rank_results: dict[int, Any]) -> dict[str, list[tuple[float, float, int]]]:
-    """Per stage, the (start, end, rank) of every turn, from each rank's own log timestamps."""
-    opened: dict[tuple[str, int], float] = {}
-    out: dict[str, list[tuple[float, float, int]]] = {}
-    for result in rank_results.values():
-        for created, message in result["turn_log"]:
-            match = _TURN_LINE.search(message)
-            if not match:
-                continue
-            rank, stage, event = int(match[1]), match[2], match[3]
-            if event == "started":
-                opened[(stage, rank)] = created
-            else:
-                out.setdefault(stage, []).append((opened.pop((stage, rank)), created, rank))
-    assert not opened, f"turns that never ended: {opened}"
-    return out
-
-
-def max_concurrent(intervals: list[tuple[float, float, int]]) -> int:
-    events = sorted([(s, 1) for s, _, _ in intervals] + [(e, -1) for _, e, _ in intervals], key=lambda x: (x[0], x[1]))
-    inside = peak = 0
-    for _, delta in events:
-        inside += delta
-        peak = max(peak, inside)
-    return peak
 
 
 @pytest.mark.parametrize("serialized", [True, 2])

@@ -16,7 +16,6 @@ rank>`` key. A node's first turn has started once its log ``log/<node>`` exists.
 
 from __future__ import annotations
 
-import datetime
 import json
 import multiprocessing
 import os
@@ -31,6 +30,7 @@ import torch.distributed as dist
 
 from serialized_restore import CheckpointRestoreError
 from serialized_restore._turns import RankPlacement, TurnSchedule
+from tests.helpers.store import connect
 
 CKPT = "/checkpoints/epoch=3.ckpt"
 STAGE = "restore modules and callbacks"
@@ -49,27 +49,12 @@ class _Payload:
         return (os.mkdir, (self.marker,))
 
 
-def _connect(rank: int, out_dir: Path) -> dist.TCPStore:
-    """Rank 0 hosts the store on a port the system picks and tells the others (and the intruder) through a file."""
-    timeout = datetime.timedelta(seconds=30)
-    port_file = out_dir / "store.port"
-    if rank == 0:
-        store = dist.TCPStore("127.0.0.1", 0, WORLD, True, timeout=timeout, wait_for_workers=False)
-        port_file.with_suffix(".tmp").write_text(str(store.port))
-        port_file.with_suffix(".tmp").rename(port_file)
-        return store
-    deadline = time.monotonic() + 30
-    while not port_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return dist.TCPStore("127.0.0.1", int(port_file.read_text()), WORLD, False, timeout=timeout)
-
-
 def _rank_main(rank: int, out: str) -> None:
     """(one forked rank) take its turn of the stage (1 s long) and write the outcome; never returns."""
     out_dir = Path(out)
     outcome: dict[str, Any] = {}
     try:
-        store = _connect(rank, out_dir)
+        store = connect(rank, WORLD, out_dir)
         schedule = TurnSchedule(
             store=store,
             placement=RankPlacement(rank, WORLD, 0, rank, WORLD),
@@ -104,7 +89,7 @@ def _intruder_main(out: str, record: bytes) -> None:
     """(a store client that is no rank) once rank 0's turn has started, post ``record`` as a failure report."""
     out_dir = Path(out)
     try:
-        store = dist.PrefixStore(NAMESPACE, _connect(1, out_dir))  # a client, like any rank but 0
+        store = dist.PrefixStore(NAMESPACE, connect(1, WORLD, out_dir))  # a client, like any rank but 0
         deadline = time.monotonic() + 30
         while not store.check([KEYS + "log/0"]) and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import JOB_TIMEOUT, run_ok
+from tests.helpers.checks import JOB_TIMEOUT, assert_training_state_equal, max_concurrent, run_ok, turn_intervals
 from tests.helpers.launch import run_job
-from tests.test_restore import assert_training_state_equal, max_concurrent, turn_intervals
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -99,7 +98,7 @@ import json
 import sys
 
 from tests.helpers import job
-from tests.helpers.models import lightning_module
+from harness.models import lightning_module
 
 config = json.loads(sys.argv[1])
 pl = lightning_module("lightning" if job.PATCHED_UPSTREAM else config.get("flavour", "pytorch_lightning"))

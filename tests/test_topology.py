@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.helpers.launch import JOB, REPO
-from tests.test_restore import assert_training_state_equal, max_concurrent, turn_intervals
+from harness.processes import job_env, kill_job, start_job
+from tests.helpers.checks import assert_training_state_equal, max_concurrent, turn_intervals
+from tests.helpers.launch import JOB
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -31,27 +28,23 @@ def _run_two_nodes(config: dict[str, Any], timeout: float = 240.0) -> dict[int, 
     out = Path(config["out"])
     out.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    torchrun = [
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+    ]
     procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=2",
-                f"--node-rank={node}",
-                "--nproc-per-node=2",
-                "--master-addr=127.0.0.1",
-                f"--master-port={port}",
-                str(JOB),
-                json.dumps(config),
-            ],
+        start_job(
+            JOB,
+            config,
             cwd=out,
-            env=env,
+            env=job_env(),
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
             text=True,
-            start_new_session=True,
+            argv=[*torchrun, f"--node-rank={node}"],
         )
         for node in (0, 1)
     ]
@@ -63,10 +56,7 @@ def _run_two_nodes(config: dict[str, Any], timeout: float = 240.0) -> dict[int, 
         raise AssertionError(f"two-node job did not finish within {timeout}s") from None
     finally:
         for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_job(proc)
     for proc, output in zip(procs, outputs):
         assert proc.returncode == 0, output[-6000:]
     return {int(p.stem[4:]): torch.load(p, weights_only=False) for p in out.glob("rank*.pt")}

@@ -7,7 +7,6 @@ purpose first writes ``fault.json`` with the time it did so.
 
 from __future__ import annotations
 
-import datetime
 import json
 import multiprocessing
 import os
@@ -27,24 +26,15 @@ from serialized_restore import CheckpointRestoreError, RankFailure
 from serialized_restore._errors import restore_error
 from serialized_restore._options import HEARTBEAT_TIMEOUT_ENV, TURN_TIMEOUT_ENV
 from serialized_restore._turns import RankPlacement, TurnSchedule
+from tests.helpers.store import connect
 
 CKPT = "/checkpoints/epoch=3.ckpt"
 STAGES = ("restore modules and callbacks", "restore training state")
 
 
 def _connect(rank: int, world: int, out_dir: Path) -> dist.TCPStore:
-    """Rank 0 hosts the store on a port the system picks and tells the others through a file."""
-    timeout = datetime.timedelta(seconds=30)
-    port_file = out_dir / "store.port"
-    if rank == 0:
-        store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=timeout, wait_for_workers=False)
-        port_file.with_suffix(".tmp").write_text(str(store.port))
-        port_file.with_suffix(".tmp").rename(port_file)
-    else:
-        deadline = time.monotonic() + 30
-        while not port_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        store = dist.TCPStore("127.0.0.1", int(port_file.read_text()), world, False, timeout=timeout)
+    """The test's store (``tests.helpers.store.connect``), once every rank has connected."""
+    store = connect(rank, world, out_dir)
     # everyone connected before anyone goes on, as after a real rendezvous; rank 0 leaves last, so that no rank is
     # still in this barrier if rank 0 (and the store with it) dies right after
     for key in ("connected", "passed"):

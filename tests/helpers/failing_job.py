@@ -39,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.callbacks import ModelCheckpoint, OnExceptionCheckpoint  # noqa: E402
 
+from harness.models import dataloader, make_callback_class, make_model_class  # noqa: E402
+from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 from serialized_restore import CheckpointRestoreError  # noqa: E402
 from serialized_restore.pytorch_lightning import Trainer as SerializedTrainer  # noqa: E402
-from tests.helpers.models import dataloader, make_callback_class, make_model_class  # noqa: E402
 
 # module-level classes, so that ddp_spawn can pickle them by reference
 _BaseModel = make_model_class("pytorch_lightning")
@@ -160,18 +161,15 @@ def build_trainer(config: dict[str, Any], case: dict[str, Any]) -> RecordingTrai
             OnExceptionCheckpoint(dirpath=directory),
         ]
     trainer = RecordingTrainer(
-        accelerator="cpu",
-        devices=config.get("devices", 2),
-        strategy=config.get("strategy", "ddp"),
-        max_epochs=case.get("max_epochs", 2),
-        logger=False,
-        enable_checkpointing=bool(case.get("checkpoint_dir")),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=config["out"],
-        callbacks=callbacks,
-        serialized_checkpoint_loading=config.get("serialized", True),
+        **quiet_cpu_trainer_kwargs(
+            config["out"],
+            config.get("devices", 2),
+            config.get("strategy", "ddp"),
+            max_epochs=case.get("max_epochs", 2),
+            enable_checkpointing=bool(case.get("checkpoint_dir")),
+            callbacks=callbacks,
+            serialized_checkpoint_loading=config.get("serialized", True),
+        )
     )
     trainer.case = case
     return trainer

@@ -30,7 +30,7 @@ if PATCHED_UPSTREAM:
     # what runs must be the patched upstream Trainer, never the add-on next to these tests
     sys.modules["serialized_restore"] = None  # type: ignore[assignment]
 
-from tests.helpers.models import (  # noqa: E402
+from harness.models import (  # noqa: E402
     dataloader,
     lightning_module,
     make_callback_class,
@@ -39,6 +39,7 @@ from tests.helpers.models import (  # noqa: E402
     make_precision_class,
     make_writer_class,
 )
+from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 
 
 def build_trainer(config: dict[str, Any]) -> Any:
@@ -77,20 +78,17 @@ def build_trainer(config: dict[str, Any]) -> Any:
         )
         precision = []
     trainer = trainer_cls(
-        accelerator="cpu",
-        devices=config.get("devices", 2),
-        num_nodes=config.get("num_nodes", 1),
-        strategy=strategy,
-        max_epochs=config.get("max_epochs", 1),
-        logger=False,
-        enable_checkpointing=bool(config.get("checkpointing")),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=config["out"],
-        callbacks=[callback, writer, *checkpointing],
-        plugins=[*precision, *checkpoint_io],
-        **extra,
+        **quiet_cpu_trainer_kwargs(
+            config["out"],
+            config.get("devices", 2),
+            strategy,
+            num_nodes=config.get("num_nodes", 1),
+            max_epochs=config.get("max_epochs", 1),
+            enable_checkpointing=bool(config.get("checkpointing")),
+            callbacks=[callback, writer, *checkpointing],
+            plugins=[*precision, *checkpoint_io],
+            **extra,
+        )
     )
     return trainer, callback
 

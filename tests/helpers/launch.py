@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +11,9 @@ from typing import Any, Optional
 
 import torch
 
+from harness.processes import job_env, kill_job, start_job
+
 JOB = Path(__file__).with_name("job.py")
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -33,29 +31,17 @@ def run_job(
     """Run one job script (all its ranks) and return every rank's result; kill the whole process group on timeout."""
     out = Path(config["out"])
     out.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
     started = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, str(script), json.dumps(config)],
-        cwd=out,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_job(script, config, cwd=out, env=job_env(env), stdout=subprocess.PIPE, text=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_job(proc)
         output, _ = proc.communicate()
         raise AssertionError(f"job did not finish within {timeout}s:\n{output[-6000:]}") from None
     finally:
         # children of Lightning's launcher live in the same session: never leave one behind
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_job(proc)
     ranks = {}
     errors = {}
     for path in out.glob("rank*.pt"):

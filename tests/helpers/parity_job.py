@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.loggers import CSVLogger  # noqa: E402
 
-from tests.helpers.models import dataloader, make_model_class  # noqa: E402
+from harness.models import dataloader, make_model_class  # noqa: E402
+from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 
 _BaseModel = make_model_class("pytorch_lightning")
 
@@ -113,18 +114,16 @@ def _trainer(config: dict[str, Any], case: dict[str, Any], directory: Path) -> A
     devices = config.get("devices", 2)
     checkpointing = [pl.callbacks.ModelCheckpoint(dirpath=str(directory / "ckpts"), save_last=True)]
     return trainer_cls(
-        accelerator="cpu",
-        devices=devices,
-        strategy="ddp" if devices > 1 else "auto",
-        max_epochs=case.get("max_epochs", 2),
-        logger=CSVLogger(str(directory), name="logs"),
-        enable_checkpointing=bool(case.get("checkpointing")),
-        callbacks=checkpointing if case.get("checkpointing") else [],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=str(directory),
-        **extra,
+        **quiet_cpu_trainer_kwargs(
+            str(directory),
+            devices,
+            "ddp" if devices > 1 else "auto",
+            max_epochs=case.get("max_epochs", 2),
+            logger=CSVLogger(str(directory), name="logs"),
+            enable_checkpointing=bool(case.get("checkpointing")),
+            callbacks=checkpointing if case.get("checkpointing") else [],
+            **extra,
+        )
     )
 
 

@@ -1,4 +1,4 @@
-"""A small deterministic model and data used by the tests, in either Lightning flavour."""
+"""The models and data of the tests, the benchmarks and the demo, in either Lightning flavour."""
 
 from __future__ import annotations
 
@@ -18,11 +18,36 @@ def lightning_module(flavour: str) -> Any:
     return importlib.import_module("lightning.pytorch" if flavour == "lightning" else "pytorch_lightning")
 
 
+class RegressionSteps:
+    """The steps of a model that regresses ``y`` on ``x`` with ``self.net``: mixed in before ``LightningModule``."""
+
+    net: torch.nn.Module
+    log: Any
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)  # type: ignore[operator]
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self(x), y), sync_dist=True)  # type: ignore[operator]
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("test_loss", torch.nn.functional.mse_loss(self(x), y), sync_dist=True)  # type: ignore[operator]
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(batch[0])  # type: ignore[operator]
+
+
 @functools.cache
 def make_model_class(flavour: str) -> type:
     pl = lightning_module(flavour)
 
-    class RecordingModel(pl.LightningModule):
+    class RecordingModel(RegressionSteps, pl.LightningModule):
         """An MLP trained with Adam and a step lr scheduler that records what ``on_load_checkpoint`` receives."""
 
         def __init__(self, width: int = 32, depth: int = 2) -> None:
@@ -32,24 +57,6 @@ def make_model_class(flavour: str) -> type:
                 layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
             self.net = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
             self.load_records: list[dict[str, Any]] = []
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.net(x)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            return torch.nn.functional.mse_loss(self(x), y)
-
-        def validation_step(self, batch: Any, batch_idx: int) -> None:
-            x, y = batch
-            self.log("val_loss", torch.nn.functional.mse_loss(self(x), y), sync_dist=True)
-
-        def test_step(self, batch: Any, batch_idx: int) -> None:
-            x, y = batch
-            self.log("test_loss", torch.nn.functional.mse_loss(self(x), y), sync_dist=True)
-
-        def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return self(batch[0])
 
         def configure_optimizers(self) -> Any:
             optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)

@@ -1,0 +1,115 @@
+"""Checks and job runners shared by the test modules: exact state comparison, turn intervals from the ranks' logs,
+and jobs that must succeed (once per session where the result is shared)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from filelock import FileLock
+
+from tests.helpers.launch import JobResult, run_job
+
+JOB_TIMEOUT = 180.0
+
+
+def run_ok(config: dict[str, Any], timeout: float = JOB_TIMEOUT, env: Any = None) -> JobResult:
+    """Run a job that must succeed on every rank."""
+    result = run_job(config, timeout=timeout, env=env)
+    assert result.returncode == 0, result.output[-6000:]
+    assert not result.errors, result.errors
+    return result
+
+
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One directory per test session, shared by its xdist workers, so that reference jobs run once per session."""
+    session_dir = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        session_dir = session_dir.parent  # <session>/popen-gw<n>
+    return session_dir / "shared-reference-jobs"
+
+
+def rank_files(out: Path) -> dict[int, Path]:
+    return {int(p.stem[4:]): p for p in out.glob("rank*.pt")}
+
+
+def shared_job(tmp_path_factory: pytest.TempPathFactory, name: str, config: dict[str, Any]) -> dict[int, Any]:
+    """Run a job that must succeed once per test session (whichever xdist worker asks first); every rank's result.
+
+    ``config["out"]`` is set to ``<shared dir>/<name>``; other paths in ``config`` may refer to the shared dir.
+    """
+    root = shared_dir(tmp_path_factory)
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / name
+    with FileLock(str(root / f"lock-{name}")):
+        if not (out / "done").exists():
+            result = run_job({**config, "out": str(out)}, timeout=JOB_TIMEOUT)
+            assert result.returncode == 0, result.output[-4000:]
+            assert not result.errors, result.errors
+            (out / "done").write_text("")
+    return {r: torch.load(p, weights_only=False) for r, p in rank_files(out).items()}
+
+
+_TURN_LINE = re.compile(r"\[rank (\d+)\] serialized restore: turn for '(.+)' (started|ended)")
+
+
+def assert_same(a: Any, b: Any, where: str) -> None:
+    """Exact (bitwise) equality of nested states."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: {sorted(a)} != {sorted(b)}"
+        for key in a:
+            assert_same(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}/{i}")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def assert_training_state_equal(got: dict[int, Any], expected: dict[int, Any]) -> None:
+    """``got``, a resumed run, ends every rank in exactly ``expected``'s training state.
+
+    ``expected`` may be the uninterrupted run, which a run that silently ignored the checkpoint would reproduce too,
+    so every rank of ``got`` must also have restored a checkpoint: its ``on_load_checkpoint`` ran.
+    """
+    assert sorted(got) == sorted(expected), "not every rank reported"
+    for rank in got:
+        assert got[rank]["ckpt_path"], f"rank {rank} did not resume from a checkpoint"
+        assert got[rank]["module_records"], f"rank {rank}: on_load_checkpoint never ran"
+    for rank in expected:
+        for key in ("params", "optimizers", "schedulers", "global_step", "fit_loop", "callback_batches_seen"):
+            assert_same(got[rank][key], expected[rank][key], f"rank {rank}: {key}")
+
+
+def turn_intervals(rank_results: dict[int, Any]) -> dict[str, list[tuple[float, float, int]]]:
+    """Per stage, the (start, end, rank) of every turn, from each rank's own log timestamps."""
+    opened: dict[tuple[str, int], float] = {}
+    out: dict[str, list[tuple[float, float, int]]] = {}
+    for result in rank_results.values():
+        for created, message in result["turn_log"]:
+            match = _TURN_LINE.search(message)
+            if not match:
+                continue
+            rank, stage, event = int(match[1]), match[2], match[3]
+            if event == "started":
+                opened[(stage, rank)] = created
+            else:
+                out.setdefault(stage, []).append((opened.pop((stage, rank)), created, rank))
+    assert not opened, f"turns that never ended: {opened}"
+    return out
+
+
+def max_concurrent(intervals: list[tuple[float, float, int]]) -> int:
+    events = sorted([(s, 1) for s, _, _ in intervals] + [(e, -1) for _, e, _ in intervals], key=lambda x: (x[0], x[1]))
+    inside = peak = 0
+    for _, delta in events:
+        inside += delta
+        peak = max(peak, inside)
+    return peak
