@@ -58,8 +58,16 @@ def make_model_class(flavour: str) -> type:
             self.net = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
             self.load_records: list[dict[str, Any]] = []
 
+        optimizer_kind = "adam"
+        """``"adam"``, or ``"zero"``: Adam sharded across the ranks by ``ZeroRedundancyOptimizer`` (under ``ddp``)."""
+
         def configure_optimizers(self) -> Any:
-            optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
+            if self.optimizer_kind == "zero":
+                from torch.distributed.optim import ZeroRedundancyOptimizer
+
+                optimizer: Any = ZeroRedundancyOptimizer(self.parameters(), optimizer_class=torch.optim.Adam, lr=1e-2)
+            else:
+                optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
             scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -142,6 +150,14 @@ class _TurnLog(logging.Handler):
         self.lines.append((record.created, record.getMessage()))
 
 
+def local_optimizer_state(optimizer: Any) -> dict[str, Any]:
+    """The state this rank's optimizer holds: for a sharded optimizer (``ZeroRedundancyOptimizer``), its own shard."""
+    inner = getattr(optimizer, "optim", None)
+    if hasattr(optimizer, "consolidate_state_dict") and isinstance(inner, torch.optim.Optimizer):
+        return inner.state_dict()
+    return optimizer.state_dict()
+
+
 def tensor_bytes(obj: Any) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.nbytes
@@ -197,7 +213,8 @@ def make_writer_class(flavour: str) -> type:
                 "local_rank": trainer.local_rank,
                 "node_rank": trainer.node_rank,
                 "params": {k: v.detach().clone() for k, v in pl_module.state_dict().items()},
-                "optimizers": [opt.state_dict() for opt in trainer.optimizers] if fitting else [],
+                "optimizers": [local_optimizer_state(opt) for opt in trainer.optimizers] if fitting else [],
+                "optimizer_state_bytes": sum(tensor_bytes(local_optimizer_state(o)) for o in trainer.optimizers),
                 "schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs] if fitting else [],
                 "global_step": trainer.global_step,
                 "fit_loop": trainer.fit_loop.state_dict(),

@@ -43,7 +43,14 @@ from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, SHARDED, checkpoint_kind, fsdp_strategy_class, load_full_checkpoint
 from serialized_restore._memory import plan_auto
 from serialized_restore._options import AVAILABLE_MEMORY_ENV, READER_ENV, RestoreOptions
-from serialized_restore._readers import LoadedCheckpoint, choose_reader, clone_tensors, local_path, read_checkpoint
+from serialized_restore._readers import (
+    LoadedCheckpoint,
+    choose_reader,
+    copy_kept_out_of_mapping,
+    local_path,
+    read_checkpoint,
+    storages_of,
+)
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
 from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
 
@@ -73,7 +80,8 @@ class OptimizerSource(enum.Enum):
     IN_DICT = "in the dict"
     """Already in private memory in the cached dict (read eagerly and changed by a hook, or FSDP's own copy)."""
     COPY_FROM_MAPPING = "copy from the mapping"
-    """Views of the memory-mapped file: copied into private memory in the rank's stage-2 turn."""
+    """Views of the memory-mapped file: handed to the optimizers, and what they keep of it copied into private memory
+    in the rank's stage-2 turn."""
     READ_AGAIN = "read again"
     """Read eagerly and dropped after stage 1 (no hook changed it): read the file again in the stage-2 turn."""
 
@@ -271,10 +279,12 @@ class _SerializedCheckpointConnectorMixin:
     def restore_training_state(self) -> None:
         """(all ranks) Stage 2 in turns: precision plugin, loops, optimizers, lr schedulers; then free the rest.
 
-        Memory: for fit, a rank's private memory grows by its optimizer state (copied from the mapping, or read
-        again), which the optimizers keep; the rest of the cached dict is dropped at the end of its turn. Outside
-        ``fit`` the cached dict holds neither weights nor optimizer state by now, so nothing is read or copied: the
-        ranks run the stage at once (``ordered=False``: failures still reach every rank), not in turns.
+        Memory: for fit, a rank's private memory grows by the optimizer state its optimizers keep (copied out of
+        the mapping after ``load_state_dict``, so a sharded optimizer's rank copies only its shard and GPU state
+        is no host copy at all; or read again, eagerly); the rest of the cached dict is dropped at the end of
+        its turn. Outside ``fit`` the cached dict holds neither weights nor optimizer state by now, so nothing
+        is read or copied: the ranks run the stage at once (``ordered=False``: failures still reach every rank),
+        not in turns.
         """
         restore = self._restore
         schedule = restore.schedule if restore is not None else None
@@ -284,8 +294,10 @@ class _SerializedCheckpointConnectorMixin:
         restore.schedule = None
         try:
             with schedule.turn(STAGE_TRAINING_STATE, ordered=restore.fitting) as record:
-                self._prepare_optimizer_states(restore, record)
+                mapped = self._prepare_optimizer_states(restore, record)
                 super().restore_training_state()  # type: ignore[misc]
+                if mapped:
+                    record.bytes_copied = copy_kept_out_of_mapping(self.trainer.optimizers, mapped)
                 self._loaded_checkpoint = {}
         except BaseException:
             self._abandon(restore)
@@ -293,19 +305,20 @@ class _SerializedCheckpointConnectorMixin:
         # every rank of the job has ended the stage: nobody reads the local copy any more
         self._remove_local_copy(restore)
 
-    def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> None:
-        """Give the cached dict optimizer state in private memory; count in ``record`` what was read or copied."""
+    def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> set[int]:
+        """Give the cached dict its optimizer state; the storages of the mapped file it hands the optimizers, whose
+        tensors the optimizers keep are copied once they are loaded (``copy_kept_out_of_mapping``). Counts in
+        ``record`` what was read again."""
         if not restore.fitting:
-            return
+            return set()
         source, restore.optimizer_source = restore.optimizer_source, OptimizerSource.IN_DICT
         if source is OptimizerSource.READ_AGAIN:
             reread = self._read(restore, "eager")
             self._loaded_checkpoint["optimizer_states"] = reread.checkpoint["optimizer_states"]
             record.bytes_read, record.reader = reread.bytes_read, reread.reader
         elif source is OptimizerSource.COPY_FROM_MAPPING and "optimizer_states" in self._loaded_checkpoint:
-            states, copied = clone_tensors(self._loaded_checkpoint["optimizer_states"])
-            self._loaded_checkpoint["optimizer_states"] = states
-            record.bytes_copied = copied
+            return storages_of(self._loaded_checkpoint["optimizer_states"])
+        return set()
 
     def resume_end(self) -> None:
         restore, self._restore = self._restore, None

@@ -169,30 +169,61 @@ def read_checkpoint(
     return LoadedCheckpoint(checkpoint, "eager", _file_size(local_path(path)))
 
 
-def clone_tensors(obj: Any) -> tuple[Any, int]:
-    """Copy every tensor in a nested structure of dicts, lists and tuples into fresh private memory.
+def storages_of(obj: Any) -> set[int]:
+    """The storages (by data pointer) of every tensor in a nested structure of dicts, lists and tuples."""
+    found: set[int] = set()
 
-    Used on memory-mapped optimizer state before an optimizer adopts it, so that no long-lived training state stays
-    backed by the checkpoint file (which may later be replaced while the job runs). Containers are updated in place
-    where they are mutable so that a tensor is released as soon as its copy exists.
+    def visit(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            found.add(value.untyped_storage().data_ptr())
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+
+    visit(obj)
+    return found
+
+
+def copy_kept_out_of_mapping(optimizers: list[Any], mapped: set[int]) -> int:
+    """Copy into private memory every tensor an optimizer kept from the memory-mapped checkpoint; the bytes copied.
+
+    ``mapped`` are the storages of the mapped optimizer state handed to ``load_state_dict``. Only what the optimizer
+    still holds afterwards is copied: state ``load_state_dict`` moved to another device (a GPU) is a copy already, and
+    state it dropped (a ZeRO or fairscale ``OSS`` rank keeps only its own shard) is freed with the checkpoint dict.
+    Looked at: each optimizer's ``state`` and ``param_groups``, and those of an optimizer it wraps (the ``optim`` of
+    ``ZeroRedundancyOptimizer`` and ``OSS``). A tensor reachable twice is copied once and replaced everywhere.
     """
+    copies: dict[int, torch.Tensor] = {}
     copied = 0
 
     def visit(value: Any) -> Any:
         nonlocal copied
         if isinstance(value, torch.Tensor):
-            copied += value.nbytes
-            return value.clone()
+            if value.untyped_storage().data_ptr() not in mapped:
+                return value
+            if id(value) not in copies:
+                copies[id(value)] = value.clone()
+                copied += value.nbytes
+            return copies[id(value)]
         if isinstance(value, dict):
             for key in list(value):
                 value[key] = visit(value[key])
-            return value
-        if isinstance(value, list):
+        elif isinstance(value, list):
             for i, item in enumerate(value):
                 value[i] = visit(item)
-            return value
-        if isinstance(value, tuple):
-            return type(value)(*map(visit, value)) if hasattr(value, "_fields") else tuple(map(visit, value))
         return value
 
-    return visit(obj), copied
+    seen: set[int] = set()
+    for optimizer in optimizers:
+        for current in [optimizer, *(v for v in vars(optimizer).values() if isinstance(v, torch.optim.Optimizer))]:
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            for param_state in current.state.values():
+                visit(param_state)
+            for group in current.param_groups:
+                visit(group)
+    return copied

@@ -11,7 +11,13 @@ from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.strategies import SingleDeviceStrategy
 
 from serialized_restore import MmapCheckpointIO
-from serialized_restore._readers import clone_tensors, local_path, mmap_unsupported_reason, read_checkpoint
+from serialized_restore._readers import (
+    copy_kept_out_of_mapping,
+    local_path,
+    mmap_unsupported_reason,
+    read_checkpoint,
+    storages_of,
+)
 
 
 class _Custom:
@@ -80,18 +86,31 @@ def test_weights_only_keeps_its_meaning(tmp_path: Path, reader: str) -> None:
     assert loaded.checkpoint["extra"].value == 3
 
 
-def test_clone_tensors_copies_into_private_memory(tmp_path: Path) -> None:
-    """Optimizer state read memory-mapped is copied out of the file, preserving structure and values."""
-    state = [{"state": {0: {"exp_avg": torch.ones(4), "step": torch.tensor(3.0)}}, "param_groups": [{"lr": 0.1}]}]
-    torch.save(state, tmp_path / "o.pt")
+def test_only_the_state_an_optimizer_keeps_is_copied_out_of_the_mapping(tmp_path: Path) -> None:
+    """After ``load_state_dict`` of memory-mapped state, exactly the tensors the optimizer kept are copied: into
+    private memory, values equal, aliases kept together; state the optimizer does not hold is not copied."""
+    params = [torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(3))]
+    trained = torch.optim.Adam(params, lr=0.1)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    trained.step()
+    torch.save({"optimizer": trained.state_dict(), "extra": torch.ones(1000)}, tmp_path / "o.pt")
     mapped = torch.load(tmp_path / "o.pt", mmap=True, weights_only=True)
-    before = mapped[0]["state"][0]["exp_avg"]
-    cloned, copied = clone_tensors(mapped)
-    after = cloned[0]["state"][0]["exp_avg"]
-    assert copied == 4 * 4 + 4
-    assert after is not before and torch.equal(after, before)
-    assert after.untyped_storage().data_ptr() != before.untyped_storage().data_ptr()
-    assert cloned[0]["param_groups"] == [{"lr": 0.1}]
+    storages = storages_of(mapped["optimizer"])
+    assert mapped["extra"].untyped_storage().data_ptr() not in storages
+
+    fresh = torch.optim.Adam([torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3))], lr=0.1)
+    fresh.load_state_dict(mapped["optimizer"])
+    held = [s["exp_avg"] for s in fresh.state.values()]
+    assert all(t.untyped_storage().data_ptr() in storages for t in held)  # Adam on CPU keeps the mapped tensors
+    copied = copy_kept_out_of_mapping([fresh], storages)
+    # exp_avg and exp_avg_sq of both parameters and the two step counters: what Adam keeps, and nothing else
+    assert copied == 2 * (4 + 3) * 4 + 2 * 4
+    for state, expected in zip(fresh.state.values(), trained.state.values()):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert state[key].untyped_storage().data_ptr() not in storages
+            assert torch.equal(state[key], expected[key])
+    assert copy_kept_out_of_mapping([fresh], storages) == 0  # nothing mapped is left
 
 
 def _mapped_files() -> str:

@@ -1,0 +1,40 @@
+"""Sharded optimizer state (``ZeroRedundancyOptimizer`` under ``ddp``): a checkpoint holds the consolidated state,
+every rank loads it and keeps only its shard. Real 2-rank DDP jobs over gloo, real checkpoint files."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers.checks import assert_training_state_equal, run_ok
+
+pytestmark = pytest.mark.timeout(400)
+
+_COPIED = re.compile(r"turn for 'restore training state' ended in [\d.]+s, .*copied ([\d.]+) (B|KiB|MiB|GiB) out of")
+_UNIT = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+def test_zero_redundancy_optimizer_resumes_exactly_and_each_rank_copies_only_its_shard(tmp_path: Path) -> None:
+    """A fit resume with ``ZeroRedundancyOptimizer`` ends every rank (weights, its optimizer shard, step) exactly as
+    upstream's resume does; in its stage-2 turn each rank copies out of the mapped file only the state of its own
+    shard, about half of the checkpoint's optimizer state with 2 ranks, not all of it."""
+    ckpt = tmp_path / "zero.ckpt"
+    run_ok({"trainer": "upstream", "out": str(tmp_path / "save"), "save_ckpt": str(ckpt), "optimizer": "zero"})
+    resume = {"max_epochs": 2, "ckpt_path": str(ckpt), "optimizer": "zero"}
+    upstream = run_ok({"trainer": "upstream", "out": str(tmp_path / "upstream"), **resume})
+    ours = run_ok({"trainer": "ours", "serialized": True, "out": str(tmp_path / "ours"), **resume})
+    assert_training_state_equal(ours.ranks, upstream.ranks)
+
+    saved = torch.load(ckpt, weights_only=True)["optimizer_states"][0]["state"]
+    full = sum(t.nbytes for state in saved.values() for t in state.values() if isinstance(t, torch.Tensor))
+    for rank, result in ours.ranks.items():
+        lines = [m for _, message in result["turn_log"] if (m := _COPIED.search(message))]
+        assert len(lines) == 1, f"rank {rank}: {result['turn_log']}"
+        copied = float(lines[0][1]) * _UNIT[lines[0][2]]
+        shard = result["optimizer_state_bytes"]
+        assert shard < 0.75 * full, f"rank {rank}: its shard {shard} of {full} bytes"
+        # what the rank copied is its shard (format_bytes rounds to a tenth of a unit)
+        assert abs(copied - shard) <= 0.05 * _UNIT[lines[0][2]] + 1, f"rank {rank}: copied {copied}, keeps {shard}"
