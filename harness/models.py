@@ -259,12 +259,53 @@ def make_cpu_fsdp_class(flavour: str) -> type:
     return _published(CPUFSDPStrategy, flavour)
 
 
+@functools.cache
+def make_fairscale_sharded_class(flavour: str) -> type:
+    pl = lightning_module(flavour)
+
+    class FairscaleShardedStrategy(pl.strategies.DDPStrategy):
+        """Lightning 1.x's ``ddp_sharded`` strategy, for Lightning 2.6: fairscale's ``OSS`` optimizers (each rank
+        keeps the state of its own shard of the parameters) and ``ShardedDataParallel``.
+
+        As there, the optimizers are re-created as ``OSS`` before the model is wrapped; the checkpoint holds the
+        state consolidated on rank 0 (Lightning's ``Strategy.optimizer_state`` calls ``consolidate_state_dict``), and on
+        restore every rank hands the full state to ``OSS.load_state_dict``, which keeps the rank's shard. The restore
+        methods are Lightning's own.
+        """
+
+        def configure_ddp(self) -> None:
+            from fairscale.nn.data_parallel import ShardedDataParallel
+            from fairscale.optim import OSS
+
+            trainer = self.lightning_module.trainer
+            super().setup_optimizers(trainer)
+            sharded = []
+            for optimizer in self.optimizers:
+                if not isinstance(optimizer, OSS):
+                    replaced = optimizer
+                    optimizer = OSS(params=optimizer.param_groups, optim=type(optimizer), **optimizer.defaults)
+                    for config in trainer.lr_scheduler_configs:
+                        if config.scheduler.optimizer is replaced:
+                            config.scheduler.optimizer = optimizer
+                sharded.append(optimizer)
+            self.optimizers = sharded
+            self.model = ShardedDataParallel(self.model, sharded_optimizer=sharded)
+
+        def setup_optimizers(self, trainer: Any) -> None:
+            # DDPStrategy.setup calls this after configure_ddp, which has set the OSS optimizers up already
+            if not self.optimizers:
+                super().setup_optimizers(trainer)
+
+    return _published(FairscaleShardedStrategy, flavour)
+
+
 _FACTORIES = {
     "RecordingModel": make_model_class,
     "RecordingCallback": make_callback_class,
     "RecordingPrecision": make_precision_class,
     "ResultWriter": make_writer_class,
     "CPUFSDPStrategy": make_cpu_fsdp_class,
+    "FairscaleShardedStrategy": make_fairscale_sharded_class,
 }
 
 

@@ -1,5 +1,7 @@
-"""Sharded optimizer state (``ZeroRedundancyOptimizer`` under ``ddp``): a checkpoint holds the consolidated state,
-every rank loads it and keeps only its shard. Real 2-rank DDP jobs over gloo, real checkpoint files."""
+"""Sharded optimizer state: torch's ``ZeroRedundancyOptimizer`` under ``ddp``, and fairscale's ``OSS`` with
+``ShardedDataParallel`` (Lightning 1.x's ``ddp_sharded``, the setup of the original report, as a Lightning 2.6 strategy
+in ``harness/models.py``). A checkpoint holds the consolidated state; every rank loads it and keeps only its shard.
+Real 2-rank DDP jobs over gloo, real checkpoint files."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.checks import assert_training_state_equal, run_ok
+from tests.helpers.checks import assert_training_state_equal, max_concurrent, run_ok, turn_intervals
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -17,16 +19,26 @@ _COPIED = re.compile(r"turn for 'restore training state' ended in [\d.]+s, .*cop
 _UNIT = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 
 
-def test_zero_redundancy_optimizer_resumes_exactly_and_each_rank_copies_only_its_shard(tmp_path: Path) -> None:
-    """A fit resume with ``ZeroRedundancyOptimizer`` ends every rank (weights, its optimizer shard, step) exactly as
-    upstream's resume does; in its stage-2 turn each rank copies out of the mapped file only the state of its own
-    shard, about half of the checkpoint's optimizer state with 2 ranks, not all of it."""
-    ckpt = tmp_path / "zero.ckpt"
-    run_ok({"trainer": "upstream", "out": str(tmp_path / "save"), "save_ckpt": str(ckpt), "optimizer": "zero"})
-    resume = {"max_epochs": 2, "ckpt_path": str(ckpt), "optimizer": "zero"}
+_SETUPS = {
+    "zero-redundancy-optimizer": {"optimizer": "zero"},
+    "fairscale-oss": {"strategy": "fairscale_sharded"},
+}
+
+
+@pytest.mark.parametrize("setup", sorted(_SETUPS))
+def test_sharded_optimizer_resumes_exactly_and_each_rank_copies_only_its_shard(tmp_path: Path, setup: str) -> None:
+    """A fit resume with a sharded optimizer ends every rank (weights, its optimizer shard, step) exactly as
+    upstream's resume does, the ranks taking turns one at a time; in its stage-2 turn each rank copies out of the
+    mapped file only the state of its own shard, about half of the checkpoint's optimizer state with 2 ranks."""
+    ckpt = tmp_path / "sharded.ckpt"
+    run_ok({"trainer": "upstream", "out": str(tmp_path / "save"), "save_ckpt": str(ckpt), **_SETUPS[setup]})
+    resume = {"max_epochs": 2, "ckpt_path": str(ckpt), **_SETUPS[setup]}
     upstream = run_ok({"trainer": "upstream", "out": str(tmp_path / "upstream"), **resume})
     ours = run_ok({"trainer": "ours", "serialized": True, "out": str(tmp_path / "ours"), **resume})
     assert_training_state_equal(ours.ranks, upstream.ranks)
+    intervals = turn_intervals(ours.ranks)
+    assert sorted(intervals) == ["restore modules and callbacks", "restore training state"]
+    assert all(max_concurrent(turns) == 1 and len(turns) == 2 for turns in intervals.values()), intervals
 
     saved = torch.load(ckpt, weights_only=True)["optimizer_states"][0]["state"]
     full = sum(t.nbytes for state in saved.values() for t in state.values() if isinstance(t, torch.Tensor))

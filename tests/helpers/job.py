@@ -35,6 +35,7 @@ from harness.models import (  # noqa: E402
     lightning_module,
     make_callback_class,
     make_cpu_fsdp_class,
+    make_fairscale_sharded_class,
     make_model_class,
     make_precision_class,
     make_writer_class,
@@ -77,6 +78,8 @@ def build_trainer(config: dict[str, Any]) -> Any:
             auto_wrap_policy={torch.nn.Linear}, state_dict_type=config.get("fsdp_state_dict_type", "full")
         )
         precision = []
+    elif strategy == "fairscale_sharded":
+        strategy = make_fairscale_sharded_class(flavour)()
     trainer = trainer_cls(
         **quiet_cpu_trainer_kwargs(
             config["out"],
