@@ -154,6 +154,9 @@ class _SerializedCheckpointConnectorMixin:
         and at the end of the turn keeps only what stage 2 needs: for fit, the optimizer state (as views of the
         mapped file, or nothing if it will be read again); otherwise nothing of the checkpoint's tensors.
         """
+        if self._restore is not None:
+            # an earlier restore whose resume_end never ran (its run failed between the stages): free what it holds
+            self._abandon(self._restore)
         self._restore = None
         how = self._choose_path(checkpoint_path) if checkpoint_path and self._options.enabled else RestorePath.UPSTREAM
         if how is RestorePath.UPSTREAM:
@@ -295,9 +298,12 @@ class _SerializedCheckpointConnectorMixin:
         try:
             with schedule.turn(STAGE_TRAINING_STATE, ordered=restore.fitting) as record:
                 mapped = self._prepare_optimizer_states(restore, record)
-                super().restore_training_state()  # type: ignore[misc]
-                if mapped:
-                    record.bytes_copied = copy_kept_out_of_mapping(self.trainer.optimizers, mapped)
+                try:
+                    super().restore_training_state()  # type: ignore[misc]
+                finally:
+                    # also when a later step failed: no optimizer keeps pages of the file (which may be deleted)
+                    if mapped:
+                        record.bytes_copied = copy_kept_out_of_mapping(self.trainer.optimizers, mapped)
                 self._loaded_checkpoint = {}
         except BaseException:
             self._abandon(restore)

@@ -169,12 +169,16 @@ def read_checkpoint(
     return LoadedCheckpoint(checkpoint, "eager", _file_size(local_path(path)))
 
 
+def _strided(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.layout is torch.strided
+
+
 def storages_of(obj: Any) -> set[int]:
-    """The storages (by data pointer) of every tensor in a nested structure of dicts, lists and tuples."""
+    """The storages (by data pointer) of every strided tensor in a nested structure of dicts, lists and tuples."""
     found: set[int] = set()
 
     def visit(value: Any) -> None:
-        if isinstance(value, torch.Tensor):
+        if _strided(value):
             found.add(value.untyped_storage().data_ptr())
         elif isinstance(value, dict):
             for item in value.values():
@@ -193,37 +197,75 @@ def copy_kept_out_of_mapping(optimizers: list[Any], mapped: set[int]) -> int:
     ``mapped`` are the storages of the mapped optimizer state handed to ``load_state_dict``. Only what the optimizer
     still holds afterwards is copied: state ``load_state_dict`` moved to another device (a GPU) is a copy already, and
     state it dropped (a ZeRO or fairscale ``OSS`` rank keeps only its own shard) is freed with the checkpoint dict.
-    Looked at: each optimizer's ``state`` and ``param_groups``, and those of an optimizer it wraps (the ``optim`` of
-    ``ZeroRedundancyOptimizer`` and ``OSS``). A tensor reachable twice is copied once and replaced everywhere.
+    Looked at: each optimizer's ``state`` and ``param_groups`` (dicts, lists and tuples in them), and those of the
+    optimizers it wraps, at any depth (the ``optim`` of ``ZeroRedundancyOptimizer`` and ``OSS``). A tensor reachable
+    twice is copied once and replaced everywhere; tensors that are views of one storage are copied as one storage,
+    so that they stay views of one another.
     """
+    containers: list[Any] = []
+    seen: set[int] = set()
+
+    def collect(optimizer: Any) -> None:
+        if id(optimizer) in seen:
+            return
+        seen.add(id(optimizer))
+        containers.append(optimizer.state)
+        containers.append(optimizer.param_groups)
+        for value in vars(optimizer).values():
+            for inner in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(inner, torch.optim.Optimizer):
+                    collect(inner)
+
+    for optimizer in optimizers:
+        collect(optimizer)
+
+    kept: dict[int, torch.Tensor] = {}
+
+    def find(value: Any) -> None:
+        if _strided(value):
+            if value.untyped_storage().data_ptr() in mapped:
+                kept[id(value)] = value
+        elif isinstance(value, dict):
+            for item in value.values():
+                find(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                find(item)
+
+    for container in containers:
+        find(container)
+    by_storage: dict[int, list[torch.Tensor]] = {}
+    for tensor in kept.values():
+        by_storage.setdefault(tensor.untyped_storage().data_ptr(), []).append(tensor)
     copies: dict[int, torch.Tensor] = {}
     copied = 0
+    for tensors in by_storage.values():
+        if len(tensors) == 1:
+            copies[id(tensors[0])] = tensors[0].clone()
+            copied += tensors[0].nbytes
+            continue
+        storage = tensors[0].untyped_storage()
+        private = storage.clone()
+        copied += storage.nbytes()
+        for tensor in tensors:
+            view = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+            copies[id(tensor)] = view.set_(private, tensor.storage_offset(), tensor.size(), tensor.stride())
 
-    def visit(value: Any) -> Any:
-        nonlocal copied
+    def replace(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            if value.untyped_storage().data_ptr() not in mapped:
-                return value
-            if id(value) not in copies:
-                copies[id(value)] = value.clone()
-                copied += value.nbytes
-            return copies[id(value)]
+            return copies.get(id(value), value)
         if isinstance(value, dict):
             for key in list(value):
-                value[key] = visit(value[key])
+                value[key] = replace(value[key])
         elif isinstance(value, list):
             for i, item in enumerate(value):
-                value[i] = visit(item)
+                value[i] = replace(item)
+        elif isinstance(value, tuple):
+            items = [replace(item) for item in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
         return value
 
-    seen: set[int] = set()
-    for optimizer in optimizers:
-        for current in [optimizer, *(v for v in vars(optimizer).values() if isinstance(v, torch.optim.Optimizer))]:
-            if id(current) in seen:
-                continue
-            seen.add(id(current))
-            for param_state in current.state.values():
-                visit(param_state)
-            for group in current.param_groups:
-                visit(group)
+    if copies:
+        for container in containers:
+            replace(container)
     return copied

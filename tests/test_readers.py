@@ -113,6 +113,26 @@ def test_only_the_state_an_optimizer_keeps_is_copied_out_of_the_mapping(tmp_path
     assert copy_kept_out_of_mapping([fresh], storages) == 0  # nothing mapped is left
 
 
+def test_state_an_optimizer_dropped_is_not_copied_and_views_stay_views(tmp_path: Path) -> None:
+    """Of mapped state, what the optimizer no longer holds (a sharded optimizer's other shards) is not copied, and
+    kept tensors that were views of one storage (in tuples too) are copied as one storage and stay views of it."""
+    flat = torch.arange(12.0)
+    shared = {"views": (flat[:6], flat[6:]), "alone": torch.ones(5)}
+    torch.save({"kept": shared, "dropped": torch.zeros(1000)}, tmp_path / "s.pt")
+    mapped = torch.load(tmp_path / "s.pt", mmap=True, weights_only=True)
+    storages = storages_of(mapped)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    optimizer.state[optimizer.param_groups[0]["params"][0]] = mapped["kept"]  # what load_state_dict would keep
+    copied = copy_kept_out_of_mapping([optimizer], storages)
+    assert copied == 12 * 4 + 5 * 4  # the views' storage once, the lone tensor; nothing of "dropped"
+    (state,) = optimizer.state.values()
+    first, second = state["views"]
+    assert isinstance(state["views"], tuple) and first.untyped_storage().data_ptr() not in storages
+    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+    assert torch.equal(torch.cat([first, second]), flat) and torch.equal(state["alone"], torch.ones(5))
+    assert mapped["dropped"].untyped_storage().data_ptr() in storages  # still the file's: never copied
+
+
 def _mapped_files() -> str:
     return Path("/proc/self/maps").read_text()
 

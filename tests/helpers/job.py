@@ -148,6 +148,10 @@ def main(config: dict[str, Any]) -> None:
         raise
     if config.get("save_ckpt"):
         trainer.save_checkpoint(config["save_ckpt"])
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # as a training script ends (and as Lightning's own tests do between tests): the process group's threads
+        # stop here, not in the interpreter's teardown, where gloo and the store may meet already-destroyed objects
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
