@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.trainer.connectors.checkpoint_connector import _CheckpointConnector  # noqa: E402
 
-from harness.models import RegressionSteps, make_cpu_fsdp_class  # noqa: E402
+from harness.models import RegressionSteps, make_cpu_fsdp_class, make_fairscale_sharded_class  # noqa: E402
 from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -61,6 +61,11 @@ TRAINER_OF_MODE: dict[str, tuple[str, Any]] = {
     "fsdp-baseline": ("upstream", None),
     "fsdp-upstream": ("upstream", None),
     "fsdp-ours": ("ours", True),
+    "zero-upstream": ("upstream", None),
+    "zero-ours": ("ours", True),
+    "oss-baseline": ("upstream", None),
+    "oss-upstream": ("upstream", None),
+    "oss-ours": ("ours", True),
 }
 
 
@@ -123,6 +128,10 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
         self.run = run or {}
 
     def configure_optimizers(self) -> Any:
+        if self.run.get("optimizer") == "zero":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            return ZeroRedundancyOptimizer(self.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
         return torch.optim.Adam(self.parameters(), lr=1e-3)
 
     # ------------------------------------------------------------ restore window
@@ -154,7 +163,7 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
         tensors = [
             value
             for optimizer in self.trainer.optimizers
-            for state in optimizer.state.values()
+            for state in _local(optimizer).state.values()
             for value in state.values()
             if isinstance(value, torch.Tensor)
         ]
@@ -199,8 +208,8 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
         if self.trainer.state.fn == "fit":
             if self.trainer.global_step != reference["global_step"]:
                 mismatches.append(f"global_step {self.trainer.global_step} != {reference['global_step']}")
-            restored = [optimizer.state_dict() for optimizer in self.trainer.optimizers]
-            saved = reference["optimizer_states"]
+            restored = [_local_state_dict(optimizer, self) for optimizer in self.trainer.optimizers]
+            saved = [_owned(ref, mine) for ref, mine in zip(reference["optimizer_states"], restored)]
             if len(restored) != len(saved):
                 mismatches.append(f"{len(restored)} optimizers, checkpoint has {len(saved)}")
             for i, (mine, ref) in enumerate(zip(restored, saved)):
@@ -272,6 +281,33 @@ def _equal(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _local(optimizer: Any) -> Any:
+    """The optimizer that holds this rank's state: a sharded optimizer's (ZeRO, fairscale ``OSS``) inner one."""
+    inner = getattr(optimizer, "optim", None)
+    return (
+        inner
+        if hasattr(optimizer, "consolidate_state_dict") and isinstance(inner, torch.optim.Optimizer)
+        else optimizer
+    )
+
+
+def _local_state_dict(optimizer: Any, module: torch.nn.Module) -> dict[str, Any]:
+    """The optimizer's ``state_dict``, keyed as the checkpoint is (by the parameter's index in the module): for a
+    sharded optimizer, the state of the parameters this rank owns."""
+    local = _local(optimizer)
+    if local is optimizer:
+        return optimizer.state_dict()
+    index = {id(p): i for i, p in enumerate(module.parameters())}
+    return {"state": {index[id(p)]: dict(state) for p, state in local.state.items()}}
+
+
+def _owned(saved: dict[str, Any], restored: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's optimizer state, cut to the parameters of ``restored`` where that is a rank's shard."""
+    if "param_groups" in restored:
+        return saved
+    return {"state": {i: saved["state"][i] for i in restored["state"] if i in saved["state"]}}
+
+
 def _data(width: int, n: int, batch_size: int) -> DataLoader:
     g = torch.Generator().manual_seed(1234)
     dataset = TensorDataset(torch.randn(n, width, generator=g), torch.randn(n, width, generator=g))
@@ -285,6 +321,8 @@ def _trainer(config: dict[str, Any], **kwargs: Any) -> pl.Trainer:
         # Lightning's FSDPStrategy, wrapping with device_id=cpu (its stock version requires a GPU); one FSDP unit per
         # layer
         strategy = make_cpu_fsdp_class("pytorch_lightning")(auto_wrap_policy={torch.nn.Linear}, state_dict_type="full")
+    elif strategy == "fairscale_sharded":
+        strategy = make_fairscale_sharded_class("pytorch_lightning")()
     common = quiet_cpu_trainer_kwargs(config["out"], config["devices"], strategy, enable_checkpointing=False, **kwargs)
     if kind == "ours":
         from serialized_restore import Trainer

@@ -74,21 +74,33 @@ MODES: dict[str, dict[str, str]] = {
     "fsdp-baseline": {},
     "fsdp-upstream": {},
     "fsdp-ours": {},
+    "zero-upstream": {},
+    "zero-ours": {},
+    "oss-baseline": {},
+    "oss-upstream": {},
+    "oss-ours": {},
 }
 # FSDP modes run Lightning's FSDPStrategy (on CPU: `harness/models.py`'s CPUFSDPStrategy) and are compared with
 # their own baseline and upstream
 FSDP_MODES = ("fsdp-baseline", "fsdp-upstream", "fsdp-ours")
-BASELINES = ("baseline", "fsdp-baseline")
+# sharded optimizer state, from the same checkpoint (a consolidated Adam state): torch's ZeroRedundancyOptimizer
+# under DDP (the DDP baseline is its baseline: the same program but for the optimizer's wrapper), and fairscale's OSS
+# with ShardedDataParallel (`harness/models.py`'s FairscaleShardedStrategy), which has a baseline of its own
+ZERO_MODES = ("zero-upstream", "zero-ours")
+OSS_MODES = ("oss-baseline", "oss-upstream", "oss-ours")
+BASELINES = ("baseline", "fsdp-baseline", "oss-baseline")
 
 
 def baseline_of(mode: str) -> str:
     """The mode whose job (same N and entry point, no checkpoint) a mode's overheads are measured against."""
-    return "fsdp-baseline" if mode in FSDP_MODES else "baseline"
+    return "fsdp-baseline" if mode in FSDP_MODES else "oss-baseline" if mode in OSS_MODES else "baseline"
 
 
 def upstream_of(mode: str) -> str:
     """The mode whose restore time a mode's time is compared with."""
-    return "fsdp-upstream" if mode in FSDP_MODES else "upstream"
+    if mode in FSDP_MODES:
+        return "fsdp-upstream"
+    return "zero-upstream" if mode in ZERO_MODES else "oss-upstream" if mode in OSS_MODES else "upstream"
 
 
 MODE_DESCRIPTIONS = {
@@ -107,7 +119,20 @@ MODE_DESCRIPTIONS = {
     "fsdp-upstream": "`pytorch_lightning.Trainer` with FSDP: `FSDPStrategy.load_checkpoint`'s full-checkpoint path",
     "fsdp-ours": "`serialized_restore.Trainer(serialized_checkpoint_loading=True)` with FSDP: every rank maps the"
     " file and copies only its shard of the optimizer state",
+    "zero-upstream": "`pytorch_lightning.Trainer`, DDP, Adam sharded by"
+    " `torch.distributed.optim.ZeroRedundancyOptimizer`",
+    "zero-ours": "`serialized_restore.Trainer(serialized_checkpoint_loading=True)`, DDP with `ZeroRedundancyOptimizer`",
+    "oss-baseline": "upstream Trainer with fairscale's `OSS` + `ShardedDataParallel`, no checkpoint",
+    "oss-upstream": "`pytorch_lightning.Trainer` with fairscale's `OSS` + `ShardedDataParallel` (Lightning 1.x's"
+    " `ddp_sharded`)",
+    "oss-ours": "`serialized_restore.Trainer(serialized_checkpoint_loading=True)` with fairscale's `OSS` +"
+    " `ShardedDataParallel`",
 }
+
+
+def strategy_of(mode: str) -> str:
+    """The ``strategy`` of a mode's job config (see ``_job._trainer``)."""
+    return "fsdp_cpu" if mode in FSDP_MODES else "fairscale_sharded" if mode in OSS_MODES else "ddp"
 
 
 # ---------------------------------------------------------------- sampling
@@ -495,7 +520,8 @@ def measure_restore(
         "mode": mode,
         "entry": entry,
         "devices": devices,
-        "strategy": "fsdp_cpu" if mode in FSDP_MODES else "ddp",
+        "strategy": strategy_of(mode),
+        "optimizer": "zero" if mode in ZERO_MODES else "adam",
         "width": checkpoint.width,
         "depth": checkpoint.depth,
         "global_step": checkpoint.global_step,

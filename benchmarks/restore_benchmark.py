@@ -47,7 +47,11 @@ DDP_MODES = (
     "upstream", "mmap-plugin", "ours-off", "ours-true", "ours-2", "ours-auto", "ours-true-eager", "proposal-2021"
 )  # fmt: skip
 FSDP_MODES = ("fsdp-upstream", "fsdp-ours")  # measured against their own baseline, `fsdp-baseline`
-MODES = DDP_MODES + FSDP_MODES
+# sharded optimizer state (ZeroRedundancyOptimizer under DDP; fairscale OSS with its own baseline, `oss-baseline`);
+# fit only: outside fit the optimizer state is dropped, whoever shards it
+SHARDED_MODES = ("zero-upstream", "zero-ours", "oss-upstream", "oss-ours")
+MODES = DDP_MODES + FSDP_MODES + SHARDED_MODES
+MODE_ENTRIES = {mode: ("fit",) for mode in SHARDED_MODES}  # entry points a mode runs at (default: all given)
 # The default run, within 15 minutes on 2 cores: where each mode is measured, as (N at the largest size, N at every
 # smaller size). The headline modes run at every size at N = 2 and 4; the anchors and variants at the largest only.
 # With one rank there are no turns to take, so the modes that differ in how ranks take turns start at N=2.
@@ -60,6 +64,10 @@ DEFAULT_PLAN: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "mmap-plugin": ((4,), ()),
     "proposal-2021": ((4,), ()),
     "ours-off": ((1,), ()),
+    "zero-upstream": ((2, 4), ()),
+    "zero-ours": ((2, 4), ()),
+    "oss-upstream": ((4,), ()),
+    "oss-ours": ((4,), ()),
 }
 # modes outside the default run (`--modes` measures them): k = 2 and the eager reader, variants of `ours-true`
 EXTRA_MODES = tuple(m for m in MODES if m not in DEFAULT_PLAN)
@@ -84,6 +92,7 @@ TARGET_OURS_MAX_OVERHEAD = 0.3  # x S, fit (net) and validate, every N
 TARGET_FLAT_RISE = 0.1  # x S: "flat in N" = the overhead rises by at most this from a smaller N to a larger one
 TARGET_MMAP_PLUGIN_MAX_OVERHEAD = 0.1  # x S, mmap-plugin at the largest N: fit (net) and validate
 TARGET_FSDP_MAX_OVERHEAD = 0.1  # x S, fsdp-ours fit (net) and validate, every N
+TARGET_SHARDED_MAX_OVERHEAD = 0.1  # x S, zero-ours and oss-ours fit (net), every N
 PLOT_STYLE = {
     "upstream": ("tab:red", "o", "-"),
     "mmap-plugin": ("tab:brown", "P", "-."),
@@ -211,7 +220,7 @@ def plan(args: argparse.Namespace, params: Optional[int] = None) -> list[tuple[i
     for devices in sorted({n for ns in where.values() for n in ns}):
         for entry in args.entries:
             for repeat in range(args.repeats):
-                modes = [m for m, ns in where.items() if devices in ns]
+                modes = [m for m, ns in where.items() if devices in ns and entry in MODE_ENTRIES.get(m, (entry,))]
                 # each family (DDP, FSDP) after its own baseline
                 for baseline in dict.fromkeys(_measure.baseline_of(m) for m in modes):
                     family = [m for m in modes if _measure.baseline_of(m) == baseline]
@@ -478,7 +487,17 @@ def check_targets(results: dict[str, Any]) -> list[Target]:
                 (f"fsdp-ours {label}: <= {TARGET_FSDP_MAX_OVERHEAD} x S at every N",
                  f"{text(values)}{upstream}", worst <= TARGET_FSDP_MAX_OVERHEAD, worst)
             )  # fmt: skip
-    for mode in ("ours-true", "mmap-plugin", "fsdp-ours"):
+    for mode in ("zero-ours", "oss-ours"):
+        values = series("fit", mode, "headline")
+        if values:
+            reference = series("fit", _measure.upstream_of(mode), "headline")
+            upstream = f" ({_measure.upstream_of(mode)}: {text(reference)})" if reference else ""
+            worst = max(v for _, v in values)
+            rows.append(
+                (f"{mode} fit (net): <= {TARGET_SHARDED_MAX_OVERHEAD} x S at every N",
+                 f"{text(values)}{upstream}", worst <= TARGET_SHARDED_MAX_OVERHEAD, worst)
+            )  # fmt: skip
+    for mode in ("ours-true", "mmap-plugin", "fsdp-ours", "zero-ours", "oss-ours"):
         for entry in ("fit", "validate"):
             cell = find.get((top, entry, mode))
             if cell is not None and cell["time_ratio"] is not None:
@@ -967,6 +986,7 @@ def report(all_results: dict[str, Any], image_dir: str) -> str:
                 lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines += _fsdp_section(results, image_dir)
+    lines += _sharded_section(results)
     lines += _sizes_section(views, image_dir)
     targets = [] if cfg["quick"] else check_targets_by_size(views)
     if cfg["quick"]:
@@ -1154,6 +1174,54 @@ def _fsdp_section(results: dict[str, Any], image_dir: str) -> list[str]:
             exact = [c["exact"] for c in (fit, val) if c is not None and c["exact"] is not None]
             row.append("–" if mode == "fsdp-baseline" else ("yes" if all(exact) else "**NO**"))
             lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    return lines
+
+
+def _sharded_section(results: dict[str, Any]) -> list[str]:
+    """Sharded optimizer state: its modes and one table (fit only)."""
+    cells = results["cells"]
+    size = results["checkpoint"]["size_bytes"]
+    modes = [m for m in SHARDED_MODES if any(c["mode"] == m for c in cells)]
+    if not modes:
+        return []
+    find = {(c["devices"], c["mode"]): c for c in cells if c["entry"] == "fit"}
+    baselines = list(dict.fromkeys(_measure.baseline_of(m) for m in modes))
+    lines = [
+        "## Sharded optimizer state",
+        "",
+        "The same checkpoint (its optimizer state is Adam's, consolidated as a sharded optimizer saves it) resumed"
+        " with `trainer.fit` by optimizers that keep only their rank's shard: torch's `ZeroRedundancyOptimizer`"
+        " under DDP, and fairscale's `OSS` with `ShardedDataParallel` (Lightning 1.x's `ddp_sharded`, the setup of"
+        " the original report, as a Lightning 2.6 strategy: `harness/models.py`). Every rank loads the whole state"
+        " and `load_state_dict` keeps its shard. The *optimizer state kept* is the sum of the ranks' shards, about"
+        " S_opt in all, and *net* is measured against it as for DDP; the ZeRO modes' baseline is the DDP `baseline`,"
+        " the OSS modes' `oss-baseline` (the same fairscale job without a checkpoint). Exactness is checked on every"
+        " rank's weights and on the state of the parameters it owns.",
+        "",
+        "| mode | what restores |",
+        "|---|---|",
+        *[f"| `{mode}` | {MODE_DESCRIPTIONS[mode]} |" for mode in [b for b in baselines if b != "baseline"] + modes],
+        "",
+        "| mode | N | fit: net | fit: raw | optimizer state kept | PSS above baseline | window (s) | vs upstream"
+        " | exact |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode in [b for b in baselines if b != "baseline"] + modes:
+        for n in sorted({c["devices"] for c in cells if c["mode"] == mode}):
+            c = find.get((n, mode))
+            if c is None:
+                continue
+            if mode in BASELINES:
+                own = f"its peak: {c['anon_peak'] / GIB:.2f} GiB"
+                lines.append(f"| `{mode}` | {n} | – | {own} | – | – | {c['window']:.2f} | – | – |")
+                continue
+            ratio = f"**{c['time_ratio']:.2f}**" if c["time_ratio"] is not None else "–"
+            lines.append(
+                f"| `{mode}` | {n} | {_gib(c['overhead_net'], size, bold=True)} | {_gib(c['overhead'], size)}"
+                f" | {_gib(c['optimizer_state_bytes'], size)} | {_gib(c['overhead_pss'], size)} | {c['window']:.2f}"
+                f" | {ratio} | {'yes' if c['exact'] else '**NO**'} |"
+            )
     lines.append("")
     return lines
 

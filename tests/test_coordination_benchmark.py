@@ -21,6 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.timeout(420)
 def test_quick_mode_completes_with_sane_results(tmp_path: Path) -> None:
+    """``--quick`` exits 0 with no broken run and writes results, plot and report; every (R, k) run completes on
+    every rank with consistent store, hand-off and timing figures, and the exception run ends every rank blaming the
+    failing rank."""
     out = tmp_path / "quick"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
@@ -69,6 +72,8 @@ def test_quick_mode_completes_with_sane_results(tmp_path: Path) -> None:
 
 
 def test_the_docs_section_is_replaced_and_the_rest_kept_byte_for_byte(tmp_path: Path) -> None:
+    """``write_section`` appends the section to a page without it and replaces it (up to the next level-2 heading,
+    or the end) on later writes; every other byte of the page, before or after the section, stays as it was."""
     page = tmp_path / "benchmarks.md"
     before = "# Benchmark\n\nintro\n\n## Results\n\n| a |\n|---|\n\n## Sampling\n\ntext  \n"
     page.write_text(before)

@@ -25,6 +25,8 @@ STAGE = "restore modules and callbacks"
 
 
 def test_turn_order_forms_k_chains():
+    """With 8 local ranks and k = 3, local rank r waits for r - 3 and hands over to r + 3: the first three wait for
+    nobody and the last three hand over to nobody; a single rank has neither."""
     order = TurnOrder(local_world_size=8, max_concurrent=3)
     assert [order.predecessor(r) for r in range(8)] == [None, None, None, 0, 1, 2, 3, 4]
     assert [order.successor(r) for r in range(8)] == [3, 4, 5, 6, 7, None, None, None]
@@ -33,6 +35,8 @@ def test_turn_order_forms_k_chains():
 
 
 def test_node_log_reads_starts_and_ends_and_skips_foreign_lines():
+    """``NodeLog.parse`` counts the ``start`` and ``end`` lines it writes and ignores any other; the log tells which
+    local ranks are inside, after or still waiting for their turn; no text at all is an empty log."""
     text = NodeLog.start_line(0, 100.0) + NodeLog.end_line(0, 2.5) + NodeLog.start_line(1, 102.5) + "junk\nend x y\n"
     log = NodeLog.parse(text)
     assert log.events == 3
@@ -44,11 +48,15 @@ def test_node_log_reads_starts_and_ends_and_skips_foreign_lines():
 
 
 def test_rates_follow_the_timeouts():
+    """The heartbeat interval is a quarter of the heartbeat timeout, at most 15 s; the recheck interval a tenth of
+    the turn timeout, at most 1 s."""
     assert beat_interval(60.0) == 15.0 and beat_interval(2.0) == 0.5 and beat_interval(3600.0) == 15.0
     assert recheck_interval(1800.0) == 1.0 and abs(recheck_interval(1.5) - 0.15) < 1e-9
 
 
 def test_silence_is_measured_from_the_first_sight_of_a_value():
+    """A peer is blamed only when its heartbeat counter has kept one value for longer than the timeout since the
+    observer first saw that value: never for the observer's own late look, nor for time before a new stage."""
     watch = PeerWatch(global_rank=0, local_rank=0, local_world_size=3, heartbeat_timeout=2.0)
     assert watch.missing() == [1, 2]
     assert watch.observe({1: 5, 2: 7}, now=0.0) == []
@@ -62,6 +70,8 @@ def test_silence_is_measured_from_the_first_sight_of_a_value():
 
 
 def test_a_process_gone_from_this_machine_is_seen_exited():
+    """A peer on this machine whose pid has exited is reported by ``exited()``; one on another machine is left to
+    the heartbeats, even with the same dead pid."""
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     watch = PeerWatch(global_rank=0, local_rank=0, local_world_size=3, heartbeat_timeout=60.0)
@@ -78,6 +88,9 @@ def _where(*frames: tuple[str, int, str, str]) -> Where:
 
 
 def test_timeout_names_the_rank_inside_its_turn_and_its_collective():
+    """A turn timeout blames the rank still inside its turn, with how long, the turn timeout setting, the
+    ``torch.distributed`` collective it is blocked in and the hook that called it, and says hooks must not run
+    collectives."""
     log = NodeLog.parse(NodeLog.start_line(0, 1000.0))
     where = _where(
         ("train.py", 42, "on_load_checkpoint", "dist.broadcast(t, 0)"),
@@ -105,6 +118,8 @@ def test_timeout_names_the_rank_inside_its_turn_and_its_collective():
 
 
 def test_timeout_names_ranks_that_never_arrived_else_the_observer():
+    """With no rank inside its turn, a turn timeout blames the ranks that have not reached the restore; when every
+    rank has, it blames the observer itself and says that no rank is inside its turn."""
     log = NodeLog.parse(NodeLog.start_line(0, 1.0) + NodeLog.end_line(0, 1.0))
     common = dict(stage=STAGE, observer=(0, 0, 0), local_world_size=2, turn_timeout=1.5, idle=2.0, what="x", now=5.0)
     (absent,) = timeout_failures(logs={0: log}, arrived={(0, 0): 0}, wheres={}, **common)
@@ -114,6 +129,8 @@ def test_timeout_names_ranks_that_never_arrived_else_the_observer():
 
 
 def test_gone_messages_say_what_the_rank_was_doing_and_the_setting():
+    """A peer whose process exited is ``died``, one silent past the heartbeat timeout ``unresponsive``; each message
+    says what the rank was doing and names the heartbeat setting, the second also how long the rank was silent."""
     common = dict(stage=STAGE, observer=0, node=0, local=1, global_rank=1, pid=1234, heartbeat_timeout=3.0)
     died = gone_failure(exited=True, doing="inside its turn", silent=0.0, **common)
     assert died.kind == "died" and "(pid 1234) exited while inside its turn" in died.message
@@ -124,6 +141,8 @@ def test_gone_messages_say_what_the_rank_was_doing_and_the_setting():
 
 
 def test_store_lost_names_rank_zero_and_the_cause(monkeypatch):
+    """Without torchrun's agent store, a lost store blames global rank 0, which hosts it, as reported by the
+    observer, and quotes the type and first line of the error that revealed the loss."""
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
     failure = store_lost_failure(STAGE, 2, ConnectionResetError("Connection reset by peer\nmore"))
     assert (failure.global_rank, failure.kind, failure.reported_by) == (0, "store lost", 2)
@@ -133,6 +152,8 @@ def test_store_lost_names_rank_zero_and_the_cause(monkeypatch):
 
 
 def test_reports_that_are_not_ours_are_named_as_such():
+    """``parse_reports`` gives back a record written by ``RankFailure.to_json`` unchanged, and turns a line that is
+    not one into a ``malformed report`` failure of no rank (-1)."""
     good = RankFailure(1, 0, 1, STAGE, "exception", "ValueError: x")
     parsed = parse_reports(good.to_json() + "\n\n{not json\n", STAGE)
     assert parsed[0] == good

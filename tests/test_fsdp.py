@@ -42,6 +42,9 @@ def fsdp_upstream_fit(tmp_path_factory: pytest.TempPathFactory, reference: dict[
 def test_full_checkpoint_fit_resume_equals_upstream_fsdp(
     tmp_path: Path, reference: dict[str, Any], fsdp_upstream_fit: dict[int, Any], flavour: str
 ) -> None:
+    """Resuming with FSDP from the full checkpoint, with ``pytorch_lightning`` or ``lightning``, restores the ranks
+    together, not in turns, and ends every rank at step 8 in upstream FSDP's training state; every rank's hooks see
+    upstream's content, the optimizer state included."""
     result = run_ok(
         {
             **FSDP,
@@ -66,6 +69,8 @@ def test_full_checkpoint_fit_resume_equals_upstream_fsdp(
 def test_full_checkpoint_validate_equals_upstream_fsdp(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, reference: dict[str, Any]
 ) -> None:
+    """``validate`` with FSDP from the full checkpoint restores the ranks together and loads upstream FSDP's weights
+    on every rank; the hooks see upstream's content."""
     config = {**FSDP, "entry": "validate", "ckpt_path": reference["ckpt"]}
     expected = shared_job(tmp_path_factory, "fsdp-upstream-validate", {**config, "trainer": "upstream"})
     result = run_ok({**config, "trainer": "ours", "out": str(tmp_path)})
@@ -78,6 +83,8 @@ def test_full_checkpoint_validate_equals_upstream_fsdp(
 def test_sharded_checkpoint_is_restored_by_fsdp_itself(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, reference: dict[str, Any]
 ) -> None:
+    """A sharded FSDP checkpoint is left to FSDP, each rank reading only its own shards, without turns and without
+    the full-checkpoint path; the resume ends every rank in upstream's training state."""
     sharded = {**FSDP, "fsdp_state_dict_type": "sharded"}
     ckpt = str(reference["root"] / "fsdp-sharded.ckpt")
     shared_job(tmp_path_factory, "fsdp-sharded-save", {**sharded, "trainer": "upstream", "save_ckpt": ckpt})

@@ -347,6 +347,8 @@ def test_download_directory_permissions(tmp_path: Path, mode: int, refused: bool
 
 
 def test_a_missing_or_non_directory_download_directory_is_named(tmp_path: Path) -> None:
+    """A download directory that does not exist raises ``FileNotFoundError``, and a file in its place
+    ``NotADirectoryError``, each with a message saying which."""
     with pytest.raises(FileNotFoundError, match="does not exist"):
         check_fetch_directory(str(tmp_path / "missing"))
     (tmp_path / "file").write_text("")
