@@ -1,4 +1,4 @@
-"""The benchmark's quick mode and the demo run to completion and verify that every restore was exact.
+"""The benchmark's quick mode and the memory-limit case run to completion and verify that every restore was exact.
 
 Speed and memory are not asserted here: they are measured by the benchmark itself (docs/benchmarks.md).
 """
