@@ -484,12 +484,16 @@ class _MonitorThread:
 
     _current: Optional[_MonitorThread] = None
     _create_lock = threading.Lock()
+    stuck_after = 60.0
+    """Seconds one step may take before the thread counts as not running (a store operation that never answers):
+    the waits of its monitors then end at their backstop instead of being issued again."""
 
     def __init__(self) -> None:
         self._pid = os.getpid()
         self._cond = threading.Condition()
         self._due: dict[Monitor, float] = {}
         self._stepping: Optional[Monitor] = None
+        self._step_started = 0.0
         self._thread = threading.Thread(target=self._run, name="serialized-restore-monitor", daemon=True)
         self._thread.start()
 
@@ -518,8 +522,10 @@ class _MonitorThread:
                 self._cond.wait(left)
 
     def runs(self, monitor: Monitor) -> bool:
+        """Whether ``monitor``'s steps still run: it is on the thread, which is alive and not stuck in a step."""
         with self._cond:
-            return self._thread.is_alive() and monitor in self._due
+            stuck = self._stepping is not None and time.monotonic() - self._step_started > self.stuck_after
+            return self._thread.is_alive() and monitor in self._due and not stuck
 
     def _run(self) -> None:
         while True:
@@ -533,7 +539,7 @@ class _MonitorThread:
                 with self._cond:
                     if monitor not in self._due:
                         continue  # stopped meanwhile
-                    self._stepping = monitor
+                    self._stepping, self._step_started = monitor, time.monotonic()
                 keep = False
                 try:
                     keep = monitor.step(time.monotonic())
@@ -546,3 +552,17 @@ class _MonitorThread:
                             else:
                                 del self._due[monitor]
                         self._cond.notify_all()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: new locks (one may have been held by a thread that is not
+    there), and no monitor thread until a schedule of the child starts one."""
+    global _alive_lock
+    _alive_lock = threading.Lock()
+    _alive_cache.clear()
+    _MonitorThread._create_lock = threading.Lock()
+    _MonitorThread._current = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -209,3 +209,25 @@ def test_one_monitor_thread_runs_every_monitor_of_a_process_at_its_own_tick():
     counts = (fast.steps, slow.steps, long.steps)
     time.sleep(0.2)
     assert (fast.steps, slow.steps, long.steps) == counts
+
+
+def test_a_monitor_thread_stuck_in_one_step_counts_as_not_running():
+    """A step that does not end (a store operation that never answers) makes every monitor of the thread count as
+    not running once ``stuck_after`` has passed, so that their waits end at the backstop; it runs again after."""
+    runner = _MonitorThread()
+    runner.stuck_after = 0.5
+    stuck, other = _Ticking(0.01, step_seconds=2.0), _Ticking(0.01)
+    runner.add(stuck)
+    runner.add(other)
+    deadline = time.monotonic() + 5.0
+    while not stuck.running and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert stuck.running and runner.runs(other)
+    time.sleep(0.8)
+    assert stuck.running and not runner.runs(other) and not runner.runs(stuck)
+    runner.remove(stuck, timeout=2.0)
+    deadline = time.monotonic() + 5.0
+    while not runner.runs(other) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runner.runs(other)
+    runner.remove(other, timeout=2.0)
