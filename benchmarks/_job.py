@@ -42,7 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.trainer.connectors.checkpoint_connector import _CheckpointConnector  # noqa: E402
 
-from harness.models import RegressionSteps, make_cpu_fsdp_class, make_fairscale_sharded_class  # noqa: E402
+from harness.models import (  # noqa: E402
+    RegressionSteps,
+    local_optimizer,
+    make_cpu_fsdp_class,
+    make_fairscale_sharded_class,
+)
 from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -163,7 +168,7 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
         tensors = [
             value
             for optimizer in self.trainer.optimizers
-            for state in _local(optimizer).state.values()
+            for state in local_optimizer(optimizer).state.values()
             for value in state.values()
             if isinstance(value, torch.Tensor)
         ]
@@ -281,20 +286,10 @@ def _equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _local(optimizer: Any) -> Any:
-    """The optimizer that holds this rank's state: a sharded optimizer's (ZeRO, fairscale ``OSS``) inner one."""
-    inner = getattr(optimizer, "optim", None)
-    return (
-        inner
-        if hasattr(optimizer, "consolidate_state_dict") and isinstance(inner, torch.optim.Optimizer)
-        else optimizer
-    )
-
-
 def _local_state_dict(optimizer: Any, module: torch.nn.Module) -> dict[str, Any]:
     """The optimizer's ``state_dict``, keyed as the checkpoint is (by the parameter's index in the module): for a
     sharded optimizer, the state of the parameters this rank owns."""
-    local = _local(optimizer)
+    local = local_optimizer(optimizer)
     if local is optimizer:
         return optimizer.state_dict()
     index = {id(p): i for i, p in enumerate(module.parameters())}

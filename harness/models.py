@@ -150,12 +150,19 @@ class _TurnLog(logging.Handler):
         self.lines.append((record.created, record.getMessage()))
 
 
-def local_optimizer_state(optimizer: Any) -> dict[str, Any]:
-    """The state this rank's optimizer holds: for a sharded optimizer (``ZeroRedundancyOptimizer``), its own shard."""
+def local_optimizer(optimizer: Any) -> Any:
+    """The optimizer that holds this rank's state: a sharded optimizer's (ZeRO, fairscale ``OSS``) inner one."""
     inner = getattr(optimizer, "optim", None)
-    if hasattr(optimizer, "consolidate_state_dict") and isinstance(inner, torch.optim.Optimizer):
-        return inner.state_dict()
-    return optimizer.state_dict()
+    return (
+        inner
+        if hasattr(optimizer, "consolidate_state_dict") and isinstance(inner, torch.optim.Optimizer)
+        else optimizer
+    )
+
+
+def local_optimizer_state(optimizer: Any) -> dict[str, Any]:
+    """The state this rank's optimizer holds: for a sharded optimizer, its own shard."""
+    return local_optimizer(optimizer).state_dict()
 
 
 def tensor_bytes(obj: Any) -> int:

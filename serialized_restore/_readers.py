@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -169,26 +170,22 @@ def read_checkpoint(
     return LoadedCheckpoint(checkpoint, "eager", _file_size(local_path(path)))
 
 
-def _strided(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.layout is torch.strided
+def _strided_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Every strided (not sparse) tensor in a nested structure of dicts, lists and tuples."""
+    if isinstance(obj, torch.Tensor):
+        if obj.layout is torch.strided:
+            yield obj
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _strided_tensors(item)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _strided_tensors(item)
 
 
 def storages_of(obj: Any) -> set[int]:
     """The storages (by data pointer) of every strided tensor in a nested structure of dicts, lists and tuples."""
-    found: set[int] = set()
-
-    def visit(value: Any) -> None:
-        if _strided(value):
-            found.add(value.untyped_storage().data_ptr())
-        elif isinstance(value, dict):
-            for item in value.values():
-                visit(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
-
-    visit(obj)
-    return found
+    return {tensor.untyped_storage().data_ptr() for tensor in _strided_tensors(obj)}
 
 
 def copy_kept_out_of_mapping(optimizers: list[Any], mapped: set[int]) -> int:
@@ -219,21 +216,12 @@ def copy_kept_out_of_mapping(optimizers: list[Any], mapped: set[int]) -> int:
     for optimizer in optimizers:
         collect(optimizer)
 
-    kept: dict[int, torch.Tensor] = {}
-
-    def find(value: Any) -> None:
-        if _strided(value):
-            if value.untyped_storage().data_ptr() in mapped:
-                kept[id(value)] = value
-        elif isinstance(value, dict):
-            for item in value.values():
-                find(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                find(item)
-
-    for container in containers:
-        find(container)
+    kept = {
+        id(tensor): tensor
+        for container in containers
+        for tensor in _strided_tensors(container)
+        if tensor.untyped_storage().data_ptr() in mapped
+    }
     by_storage: dict[int, list[torch.Tensor]] = {}
     for tensor in kept.values():
         by_storage.setdefault(tensor.untyped_storage().data_ptr(), []).append(tensor)
