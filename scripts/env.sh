@@ -25,4 +25,4 @@ if [ ! -f "$STAMP" ]; then
 fi
 # shellcheck disable=SC1091
 source .venv/bin/activate
-echo "environment: $(python -c 'import torch; print(f"torch {torch.__version__}, CUDA build: {torch.version.cuda or "no"}")')" >&2
+echo "environment: $(python -c 'import torch; print("torch", torch.__version__ + ", CUDA build:", torch.version.cuda or "no")')" >&2
