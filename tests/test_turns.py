@@ -196,7 +196,10 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
 
 
 def _misbehave(action: str, rank: int, out_dir: Path) -> None:
-    (out_dir / "fault.json").write_text(json.dumps({"rank": rank, "at": time.time(), "action": action}))
+    # written whole and renamed: where two ranks fault at once, the file is one of them, never both interleaved
+    staged = out_dir / f"fault.{rank}.tmp"
+    staged.write_text(json.dumps({"rank": rank, "at": time.time(), "action": action}))
+    staged.replace(out_dir / "fault.json")
     if action.startswith("raise"):
         time.sleep(float(action.partition(":")[2] or 0))
         raise ValueError(f"bad state in turn of rank {rank}")
