@@ -146,6 +146,8 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
         self._mark("wake")
 
     def setup(self, stage: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         self._mark("start")
 
     def on_train_start(self) -> None:
@@ -170,11 +172,17 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
             for optimizer in self.trainer.optimizers
             for state in local_optimizer(optimizer).state.values()
             for value in state.values()
-            if isinstance(value, torch.Tensor)
+            if isinstance(value, torch.Tensor) and value.device.type == "cpu"
         ]
+        # host memory only: state a GPU holds is counted by gpu_bytes
         optimizer_bytes = sum(t.nbytes for t in tensors)
         mappings = _file_mappings()
         mapped_bytes = sum(t.nbytes for t in tensors if _in_mappings(t.data_ptr(), mappings))
+        on_gpu = self.device.type == "cuda"
+        gpu = {
+            "gpu_bytes": torch.cuda.memory_allocated(self.device) if on_gpu else None,
+            "gpu_peak_bytes": torch.cuda.max_memory_allocated(self.device) if on_gpu else None,
+        }
         self._mark("end", optimizer_state_bytes=optimizer_bytes, optimizer_state_mapped_bytes=mapped_bytes)
         # nobody starts checking (which maps the file) before every rank has left the window
         self.trainer.strategy.barrier("restore window end")
@@ -192,6 +200,7 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
             "exact": not mismatches,
             "mismatches": mismatches[:20],
             "global_step": self.trainer.global_step,
+            **gpu,
         }
         (Path(self.run["out"]) / f"rank{self.global_rank}.json").write_text(json.dumps(result))
         self.trainer.strategy.barrier("restore reports written")
@@ -282,7 +291,7 @@ def _in_mappings(address: int, ranges: list[tuple[int, int]]) -> bool:
 
 def _equal(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.detach().cpu(), b.detach().cpu())
     return a == b
 
 
@@ -318,6 +327,8 @@ def _trainer(config: dict[str, Any], **kwargs: Any) -> pl.Trainer:
         strategy = make_cpu_fsdp_class("pytorch_lightning")(auto_wrap_policy={torch.nn.Linear}, state_dict_type="full")
     elif strategy == "fairscale_sharded":
         strategy = make_fairscale_sharded_class("pytorch_lightning")()
+    if config.get("accelerator", "cpu") != "cpu":
+        kwargs["accelerator"] = config["accelerator"]
     common = quiet_cpu_trainer_kwargs(config["out"], config["devices"], strategy, enable_checkpointing=False, **kwargs)
     if kind == "ours":
         from serialized_restore import Trainer

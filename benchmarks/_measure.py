@@ -37,6 +37,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -404,14 +405,22 @@ def mlp_shape(params: int, depth: int) -> tuple[int, int]:
 
 
 def create_checkpoint(
-    out_dir: Path, params: int, depth: int, *, steps: int = 3, devices: int = 1, timeout: float = 600.0
+    out_dir: Path,
+    params: int,
+    depth: int,
+    *,
+    steps: int = 3,
+    devices: int = 1,
+    timeout: float = 600.0,
+    accelerator: str = "cpu",
 ) -> tuple[CheckpointInfo, bool]:
     """Train the MLP ``steps`` Adam steps and save it with ``trainer.save_checkpoint``, unless already cached.
 
-    Returns the checkpoint and whether it was created now. The cache key is the model's shape, steps and devices.
+    Returns the checkpoint and whether it was created now. The cache key is the model's shape, steps, devices and
+    accelerator (a checkpoint saved from a GPU model holds CUDA tensors).
     """
     width, depth = mlp_shape(params, depth)
-    name = f"mlp-w{width}-d{depth}-s{steps}-n{devices}"
+    name = f"mlp-w{width}-d{depth}-s{steps}-n{devices}" + ("" if accelerator == "cpu" else f"-{accelerator}")
     ckpt_path = out_dir / f"{name}.ckpt"
     meta_path = out_dir / f"{name}.json"
     created = False
@@ -425,6 +434,7 @@ def create_checkpoint(
             "depth": depth,
             "steps": steps,
             "devices": devices,
+            "accelerator": accelerator,
             "strategy": "ddp" if devices > 1 else "auto",
             "ckpt_path": str(ckpt_path),
             "meta_path": str(meta_path),
@@ -467,7 +477,7 @@ class RestoreRun:
     pss_sweep_peak: int
     """Peak of the summed ``Pss:`` of the full sweeps inside the window, bytes."""
     optimizer_state_bytes: int
-    """Optimizer state held by all ranks together at the end of the window, bytes."""
+    """Optimizer state held in host memory by all ranks together at the end of the window, bytes."""
     optimizer_state_mapped_bytes: int
     """The part of ``optimizer_state_bytes`` that lies in memory-mapped file pages, not in private memory, bytes."""
     window_cpu_seconds: float
@@ -487,6 +497,10 @@ class RestoreRun:
     other_cpu_seconds: float
     """CPU time used by other processes on the machine while the job ran."""
     run_dir: str
+    gpu_bytes: Optional[int] = None
+    """GPU memory allocated by torch on all ranks together at the end of the window (``None`` on CPU), bytes."""
+    gpu_peak_bytes: Optional[int] = None
+    """Sum over ranks of each rank's peak of GPU memory allocated by torch from ``setup`` to the window's end."""
     auto_k: Optional[int] = None
     """The ``k`` that ``serialized_checkpoint_loading="auto"`` chose (as the package logged it), else ``None``."""
     auto_message: Optional[str] = None
@@ -512,9 +526,11 @@ def measure_restore(
     run_dir: Path,
     timeout: float,
     preexec_fn: Optional[Callable[[], None]] = None,
+    accelerator: str = "cpu",
 ) -> RestoreRun:
     """Run one restore (or, for a mode in ``BASELINES``, the same job without a checkpoint) and measure it."""
     config = {
+        "accelerator": accelerator,
         "action": "restore",
         "out": str(run_dir),
         "mode": mode,
@@ -585,10 +601,17 @@ def analyse(outcome: JobOutcome, *, mode: str, entry: str, devices: int) -> Rest
         job_seconds=outcome.elapsed,
         other_cpu_seconds=outcome.other_cpu_seconds,
         run_dir=str(run_dir),
+        gpu_bytes=_sum_or_none(r.get("gpu_bytes") for r in ranks),
+        gpu_peak_bytes=_sum_or_none(r.get("gpu_peak_bytes") for r in ranks),
         auto_k=next((r["auto_k"] for r in ranks if r.get("auto_k") is not None), None),
         auto_message=next((r["auto_message"] for r in ranks if r.get("auto_message")), None),
         timeline=_timeline(outcome.sampler.fast, start, end),
     )
+
+
+def _sum_or_none(values: Iterable[Optional[int]]) -> Optional[int]:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 def _pss_peak(fast: list[tuple[float, int, int, float]], sweeps: list[tuple[float, float, int, int, int, int]]) -> int:

@@ -93,6 +93,7 @@ TARGET_FLAT_RISE = 0.1  # x S: "flat in N" = the overhead rises by at most this 
 TARGET_MMAP_PLUGIN_MAX_OVERHEAD = 0.1  # x S, mmap-plugin at the largest N: fit (net) and validate
 TARGET_FSDP_MAX_OVERHEAD = 0.1  # x S, fsdp-ours fit (net) and validate, every N
 TARGET_SHARDED_MAX_OVERHEAD = 0.1  # x S, zero-ours and oss-ours fit (net), every N
+TARGET_OURS_FIT_TIME = 0.5  # x upstream's restore time, ours-true fit at the largest N
 PLOT_STYLE = {
     "upstream": ("tab:red", "o", "-"),
     "mmap-plugin": ("tab:brown", "P", "-."),
@@ -178,7 +179,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     unknown = [m for m in args.modes if m not in MODES] + [e for e in args.entries if e not in ENTRIES]
     if unknown:
         parser.error(f"unknown mode or entry point: {', '.join(unknown)}")
-    args.output_dir = args.output_dir or DEFAULT_OUTPUT / ("quick" if args.quick else "full")
+    # absolute: each job runs in a directory of its own and is given paths under this one
+    args.output_dir = (args.output_dir or DEFAULT_OUTPUT / ("quick" if args.quick else "full")).resolve()
     args.docs_given = args.docs is not None
     args.docs = (not args.quick) if args.docs is None else args.docs
     args.warm_up_job = not args.quick
@@ -495,11 +497,25 @@ def check_targets(results: dict[str, Any]) -> list[Target]:
             cell = find.get((top, entry, mode))
             if cell is not None and cell["time_ratio"] is not None:
                 upstream = _measure.upstream_of(mode)
+                bound = TARGET_OURS_FIT_TIME if (mode, entry) == ("ours-true", "fit") else 1.0
+                theirs = cell["window"] / cell["time_ratio"]
+                measured = f"{cell['window']:.2f}s vs {theirs:.2f}s = {cell['time_ratio']:.2f} x {upstream}"
+                baseline = find.get((top, entry, _measure.baseline_of(mode)))
+                if baseline is not None and theirs > baseline["window"]:
+                    # the window also holds DDP's setup, which the baseline job does too
+                    ours_net, theirs_net = cell["window"] - baseline["window"], theirs - baseline["window"]
+                    measured += f" (above the baseline's {baseline['window']:.2f}s: {ours_net / theirs_net:.2f} x)"
                 rows.append(
-                    (f"{mode} restore time <= {upstream}'s at N={top}, {entry}",
-                     f"{cell['window']:.2f}s vs {cell['window'] / cell['time_ratio']:.2f}s"
-                     f" = {cell['time_ratio']:.2f} x {upstream}", cell["time_ratio"] <= 1.0, cell["time_ratio"])
+                    (f"{mode} restore time <= {'' if bound == 1.0 else f'{bound} x '}{upstream}'s at N={top}, {entry}",
+                     measured, cell["time_ratio"] <= bound, cell["time_ratio"])
                 )  # fmt: skip
+    true_fit, auto_fit = find.get((top, "fit", "ours-true")), find.get((top, "fit", "ours-auto"))
+    if true_fit is not None and auto_fit is not None:
+        ratio = true_fit["window"] / auto_fit["window"]
+        rows.append(
+            (f"ours-true restore time <= ours-auto's at N={top}, fit",
+             f"{true_fit['window']:.2f}s vs {auto_fit['window']:.2f}s = {ratio:.2f} x ours-auto", ratio <= 1.0, ratio)
+        )  # fmt: skip
     return rows
 
 
@@ -702,7 +718,9 @@ def _plot_size(results: dict[str, Any], out_dir: Path) -> list[Path]:
 def _figure(target: str, worst: Optional[float]) -> str:
     if worst is None:
         return "–"
-    return f"{worst:.2f} x " + ("upstream" if "restore time" in target else "S")
+    if "restore time" not in target:
+        return f"{worst:.2f} x S"
+    return f"{worst:.2f} x " + ("ours-auto" if "ours-auto's" in target else "upstream")
 
 
 def _gib(value: Optional[float], size: int, bold: bool = False) -> str:

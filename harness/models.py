@@ -43,6 +43,16 @@ class RegressionSteps:
         return self(batch[0])  # type: ignore[operator]
 
 
+class _SleepOnLoadStepLR(torch.optim.lr_scheduler.StepLR):
+    """``StepLR`` whose ``load_state_dict`` first sleeps ``seconds``."""
+
+    seconds = 0.0
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        time.sleep(self.seconds)
+        super().load_state_dict(state_dict)
+
+
 @functools.cache
 def make_model_class(flavour: str) -> type:
     pl = lightning_module(flavour)
@@ -68,8 +78,17 @@ def make_model_class(flavour: str) -> type:
                 optimizer: Any = ZeroRedundancyOptimizer(self.parameters(), optimizer_class=torch.optim.Adam, lr=1e-2)
             else:
                 optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
-            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+            scheduler_class: Any = torch.optim.lr_scheduler.StepLR
+            if self.scheduler_load_sleep:
+                # the seconds as a class attribute: the scheduler's state_dict() (its __dict__) stays StepLR's
+                seconds = {"seconds": self.scheduler_load_sleep}
+                scheduler_class = type("SleepOnLoadStepLR", (_SleepOnLoadStepLR,), seconds)
+            scheduler = scheduler_class(optimizer, step_size=2, gamma=0.5)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+        scheduler_load_sleep = 0.0
+        """Seconds the lr scheduler's ``load_state_dict`` sleeps (in Lightning's second restore stage), to make that
+        stage long enough to observe whether the ranks run it at once."""
 
         hook_sleep = 0.0
         """Seconds ``on_load_checkpoint`` sleeps, to make turns long enough to observe their overlap."""

@@ -285,9 +285,10 @@ class _SerializedCheckpointConnectorMixin:
         Memory: for fit, a rank's private memory grows by the optimizer state its optimizers keep (copied out of
         the mapping after ``load_state_dict``, so a sharded optimizer's rank copies only its shard and GPU state
         is no host copy at all; or read again, eagerly); the rest of the cached dict is dropped at the end of
-        its turn. Outside ``fit`` the cached dict holds neither weights nor optimizer state by now, so nothing
-        is read or copied: the ranks run the stage at once (``ordered=False``: failures still reach every rank),
-        not in turns.
+        its turn. The stage runs in turns only where it allocates memory it then frees: when the optimizer state is
+        read again. Otherwise (memory-mapped, where every byte copied is one the optimizers keep; or outside
+        ``fit``, where the cached dict holds neither weights nor optimizer state by now) the ranks of a node run it
+        at once (``ordered=False``: failures still reach every rank).
         """
         restore = self._restore
         schedule = restore.schedule if restore is not None else None
@@ -296,7 +297,8 @@ class _SerializedCheckpointConnectorMixin:
             return
         restore.schedule = None
         try:
-            with schedule.turn(STAGE_TRAINING_STATE, ordered=restore.fitting) as record:
+            in_turns = restore.fitting and restore.optimizer_source is OptimizerSource.READ_AGAIN
+            with schedule.turn(STAGE_TRAINING_STATE, ordered=in_turns, logged=restore.fitting) as record:
                 mapped = self._prepare_optimizer_states(restore, record)
                 try:
                     super().restore_training_state()  # type: ignore[misc]

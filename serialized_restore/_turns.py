@@ -121,24 +121,26 @@ class TurnSchedule:
     # ------------------------------------------------------------------ public
 
     @contextlib.contextmanager
-    def turn(self, stage: str, *, ordered: bool = True) -> Iterator[TurnRecord]:
+    def turn(self, stage: str, *, ordered: bool = True, logged: Optional[bool] = None) -> Iterator[TurnRecord]:
         """Run the body of the ``with`` block as this rank's turn of ``stage``.
 
         (all ranks) wait for the predecessor on the node -> run the body -> announce the end -> wait for every rank
         of the job to end the stage. Raises :class:`CheckpointRestoreError` on every rank if any rank fails, times
         out or stops responding; on the rank whose body raised, the body's exception is its ``__cause__``.
-        With ``ordered=False`` every rank's turn starts at once (nobody waits for a predecessor) and nothing is
-        logged: the stage is an exchange (:meth:`on_one_rank`), not a round of turns.
+        With ``ordered=False`` every rank's turn starts at once (nobody waits for a predecessor): a stage that
+        allocates nothing transient, or an exchange (:meth:`on_one_rank`). ``logged`` (default: ``ordered``) says
+        whether each rank logs its turn's start and end and local rank 0 the node's summary.
         """
         record = TurnRecord(stage=stage)
+        logged = ordered if logged is None else logged
         if self._job_store is None:
-            if ordered:
+            if logged:
                 self.log.info(f"[rank {self.placement.global_rank}] serialized restore: turn for {stage!r} started")
             start = time.monotonic()
             # nothing to coordinate: an exception in the body is raised as it is, exactly as upstream raises it
             yield record
             record.duration = time.monotonic() - start
-            if ordered:
+            if logged:
                 self._log_turn_end(record)
             return
 
@@ -177,11 +179,9 @@ class TurnSchedule:
                     raise exchange.abort([])
                 record.waited = time.monotonic() - waited_from
                 main.append(keys.log(p.node_rank), NodeLog.start_line(p.local_rank, time.time()))
-                if ordered:
-                    self.log.info(
-                        f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started"
-                        f" after waiting {record.waited:.2f}s"
-                    )
+                if logged:
+                    waited = f"after waiting {record.waited:.2f}s" if ordered else "with the node's other ranks at once"
+                    self.log.info(f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started {waited}")
             except StoreLost as err:
                 raise exchange.store_lost([], err) from err.__cause__
             started = time.monotonic()
@@ -200,12 +200,12 @@ class TurnSchedule:
             try:
                 # logged before the turn is announced as ended, so that log timestamps of consecutive turns on a
                 # node never overlap
-                if ordered:
+                if logged:
                     self._log_turn_end(record)
                 if self._end_turn(main, keys, monitor, record, ordered) != "ended":
                     raise exchange.abort([])
-                if ordered and p.local_rank == 0:
-                    self._log_node_summary(main, keys, stage)
+                if logged and p.local_rank == 0:
+                    self._log_node_summary(main, keys, stage, ordered)
             except StoreLost as err:
                 raise exchange.store_lost([], err) from err.__cause__
         finally:
@@ -332,7 +332,7 @@ class TurnSchedule:
             f" {record.duration:.2f}s, {record.describe()}"
         )
 
-    def _log_node_summary(self, main: StoreView, keys: StageKeys, stage: str) -> None:
+    def _log_node_summary(self, main: StoreView, keys: StageKeys, stage: str, ordered: bool) -> None:
         p = self.placement
         node_log = NodeLog.parse(main.get(keys.log(p.node_rank)))  # set: this rank's own turn is in it
         if not node_log.durations or not node_log.started:
@@ -342,9 +342,10 @@ class TurnSchedule:
         ends = [node_log.started[r] + node_log.durations[r] for r in node_log.durations if r in node_log.started]
         moved = sum(node_log.moved.values())
         private = max(node_log.private.values(), default=0)
+        at_once = f"at most {self.max_concurrent}" if ordered else "all"
         self.log.info(
             f"serialized restore: node {p.node_rank} ran {len(durations)} turns of {stage!r}"
-            f" (at most {self.max_concurrent} at once) in {max(ends) - min(starts):.2f}s, moving"
+            f" ({at_once} at once) in {max(ends) - min(starts):.2f}s, moving"
             f" {format_bytes(moved)}; longest turn {max(durations):.2f}s; largest private memory of a rank at the end"
             f" of its turn {format_bytes(private)}"
         )

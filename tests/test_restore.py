@@ -41,6 +41,35 @@ def test_fit_resume_is_bit_identical(tmp_path: Path, reference: dict[str, Any], 
         assert any("'restore training state' ended" in m and "out of the mapped file" in m for m in ended), ended
 
 
+@pytest.mark.parametrize("reader", ["mmap", "eager"])
+def test_second_stage_runs_at_once_unless_it_reads_again(
+    tmp_path: Path, reference: dict[str, Any], reader: str
+) -> None:
+    """Stage 2 of a fit restore runs on every rank at once when it copies out of the mapped file only what the
+    optimizers keep (nothing transient), and in turns when each rank reads the optimizer state again (a transient
+    of the file's size); either way the resume is exact. The lr scheduler's `load_state_dict` sleeps 1 s, so that
+    turns run at once overlap and turns taken in order cannot."""
+    result = run_ok(
+        {
+            "trainer": "ours",
+            "serialized": True,
+            "out": str(tmp_path),
+            "max_epochs": 2,
+            "ckpt_path": reference["ckpt"],
+            "scheduler_load_sleep": 1.0,
+        },
+        env={"SERIALIZED_RESTORE_READER": reader},
+    )
+    assert_training_state_equal(result.ranks, reference["uninterrupted"])
+    stages = turn_intervals(result.ranks)
+    assert max_concurrent(stages["restore modules and callbacks"]) == 1, stages
+    second = stages["restore training state"]
+    assert sorted(r for _, _, r in second) == [0, 1], second
+    assert max_concurrent(second) == (2 if reader == "mmap" else 1), sorted(second)
+    summary = [m for _, m in result.ranks[0]["turn_log"] if "turns of 'restore training state'" in m]
+    assert len(summary) == 1 and ("(all at once)" if reader == "mmap" else "(at most 1 at once)") in summary[0], summary
+
+
 def test_hooks_see_what_upstream_hooks_see(
     tmp_path: Path, reference: dict[str, Any], upstream_resume: dict[int, Any]
 ) -> None:

@@ -21,11 +21,14 @@ NO_EFFECT = "has no effect with"
 
 
 def assert_ranks_took_turns(ranks: dict[int, Any]) -> None:
-    """Every rank took one turn per stage, one rank at a time, local rank 0 first (k = 1, one node)."""
+    """Every rank took one turn per stage; in the first stage one rank at a time, local rank 0 first (k = 1, one
+    node). The second stage, which copies out of the mapped file only what the optimizers keep, runs at once."""
     stages = turn_intervals(ranks)
     assert set(stages) == STAGES, sorted(stages)
     for stage, intervals in stages.items():
         assert sorted(r for _, _, r in intervals) == sorted(ranks), f"{stage}: {intervals}"
+        if stage == "restore training state":
+            continue
         assert max_concurrent(intervals) == 1, f"{stage}: turns overlapped: {sorted(intervals)}"
         by_start = sorted(intervals)
         assert [r for _, _, r in by_start] == sorted(ranks), f"{stage}: not in local rank order: {by_start}"

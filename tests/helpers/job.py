@@ -118,6 +118,7 @@ def main(config: dict[str, Any]) -> None:
     trainer, callback = build_trainer(config)
     model = make_model_class(flavour)()
     model.hook_sleep = config.get("hook_sleep", 0.0)
+    model.scheduler_load_sleep = config.get("scheduler_load_sleep", 0.0)
     model.optimizer_kind = config.get("optimizer", "adam")
     out = Path(config["out"])
     calls = config.get("calls") or [[config.get("entry", "fit"), config.get("ckpt_path")]]
