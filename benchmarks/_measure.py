@@ -80,6 +80,9 @@ MODES: dict[str, dict[str, str]] = {
     "oss-baseline": {},
     "oss-upstream": {},
     "oss-ours": {},
+    "fabric-baseline": {},
+    "fabric-upstream": {},
+    "fabric-ours": {},
 }
 # FSDP modes run Lightning's FSDPStrategy (on CPU: `harness/models.py`'s CPUFSDPStrategy) and are compared with
 # their own baseline and upstream
@@ -89,19 +92,26 @@ FSDP_MODES = ("fsdp-baseline", "fsdp-upstream", "fsdp-ours")
 # with ShardedDataParallel (`harness/models.py`'s FairscaleShardedStrategy), which has a baseline of its own
 ZERO_MODES = ("zero-upstream", "zero-ours")
 OSS_MODES = ("oss-baseline", "oss-upstream", "oss-ours")
-BASELINES = ("baseline", "fsdp-baseline", "oss-baseline")
+# Lightning Fabric under DDP: `fabric.load(path, {"model": ..., "optimizer": ...})` of the same weights and optimizer
+# state, saved in Fabric's layout (see `fabric_checkpoint`); the window is the `fabric.load` call
+FABRIC_MODES = ("fabric-baseline", "fabric-upstream", "fabric-ours")
+BASELINES = ("baseline", "fsdp-baseline", "oss-baseline", "fabric-baseline")
 
 
 def baseline_of(mode: str) -> str:
     """The mode whose job (same N and entry point, no checkpoint) a mode's overheads are measured against."""
-    return "fsdp-baseline" if mode in FSDP_MODES else "oss-baseline" if mode in OSS_MODES else "baseline"
+    for family in (FSDP_MODES, OSS_MODES, FABRIC_MODES):
+        if mode in family:
+            return family[0]
+    return "baseline"
 
 
 def upstream_of(mode: str) -> str:
     """The mode whose restore time a mode's time is compared with."""
-    if mode in FSDP_MODES:
-        return "fsdp-upstream"
-    return "zero-upstream" if mode in ZERO_MODES else "oss-upstream" if mode in OSS_MODES else "upstream"
+    for family in (FSDP_MODES, ZERO_MODES, OSS_MODES, FABRIC_MODES):
+        if mode in family:
+            return next(m for m in family if m.endswith("-upstream"))
+    return "upstream"
 
 
 MODE_DESCRIPTIONS = {
@@ -128,6 +138,9 @@ MODE_DESCRIPTIONS = {
     " `ddp_sharded`)",
     "oss-ours": "`serialized_restore.Trainer(serialized_checkpoint_loading=True)` with fairscale's `OSS` +"
     " `ShardedDataParallel`",
+    "fabric-baseline": "`lightning_fabric.Fabric`, DDP, model and Adam set up, no `fabric.load`",
+    "fabric-upstream": '`lightning_fabric.Fabric`, DDP: `fabric.load(path, {"model": ..., "optimizer": ...})`',
+    "fabric-ours": "`serialized_restore.fabric.Fabric(serialized_checkpoint_loading=True)`, the same `fabric.load`",
 }
 
 
@@ -446,6 +459,26 @@ def create_checkpoint(
     return CheckpointInfo(path=ckpt_path, **meta), created
 
 
+def fabric_checkpoint(path: Path) -> Path:
+    """The checkpoint at ``path`` in the layout ``fabric.save(path, {"model": ..., "optimizer": ..., "step": ...})``
+    writes (made once, next to it, and read into the page cache): the same tensors, for the Fabric modes."""
+    target = path.with_suffix(".fabric.ckpt")
+    if not target.is_file():
+        import torch
+
+        checkpoint = torch.load(path, mmap=True, weights_only=False, map_location="cpu")
+        state = {
+            "model": {k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items()},
+            "optimizer": checkpoint["optimizer_states"][0],
+            "step": checkpoint["global_step"],
+        }
+        partial = target.with_suffix(".partial")
+        torch.save(state, partial)
+        partial.rename(target)
+    warm_page_cache(target)
+    return target
+
+
 def warm_page_cache(path: Path) -> None:
     """Read the file once, so that every measured run finds it in the page cache."""
     with open(path, "rb") as f:
@@ -529,9 +562,12 @@ def measure_restore(
     accelerator: str = "cpu",
 ) -> RestoreRun:
     """Run one restore (or, for a mode in ``BASELINES``, the same job without a checkpoint) and measure it."""
+    ckpt_path = None if mode in BASELINES else str(checkpoint.path)
+    if ckpt_path is not None and mode in FABRIC_MODES:
+        ckpt_path = str(fabric_checkpoint(checkpoint.path))
     config = {
         "accelerator": accelerator,
-        "action": "restore",
+        "action": "fabric" if mode in FABRIC_MODES else "restore",
         "out": str(run_dir),
         "mode": mode,
         "entry": entry,
@@ -541,7 +577,7 @@ def measure_restore(
         "width": checkpoint.width,
         "depth": checkpoint.depth,
         "global_step": checkpoint.global_step,
-        "ckpt_path": None if mode in BASELINES else str(checkpoint.path),
+        "ckpt_path": ckpt_path,
     }
     outcome = run_job(config, timeout=timeout, env=MODES.get(mode, {}), preexec_fn=preexec_fn)
     return analyse(outcome, mode=mode, entry=entry, devices=devices)

@@ -50,8 +50,11 @@ FSDP_MODES = ("fsdp-upstream", "fsdp-ours")  # measured against their own baseli
 # sharded optimizer state (ZeroRedundancyOptimizer under DDP; fairscale OSS with its own baseline, `oss-baseline`);
 # fit only: outside fit the optimizer state is dropped, whoever shards it
 SHARDED_MODES = ("zero-upstream", "zero-ours", "oss-upstream", "oss-ours")
-MODES = DDP_MODES + FSDP_MODES + SHARDED_MODES
-MODE_ENTRIES = {mode: ("fit",) for mode in SHARDED_MODES}  # entry points a mode runs at (default: all given)
+# Lightning Fabric's `fabric.load` of the model and optimizer (against its own baseline, `fabric-baseline`): "fit"
+FABRIC_MODES = ("fabric-upstream", "fabric-ours")
+MODES = DDP_MODES + FSDP_MODES + SHARDED_MODES + FABRIC_MODES
+# entry points a mode runs at (default: all given)
+MODE_ENTRIES = {mode: ("fit",) for mode in SHARDED_MODES + FABRIC_MODES}
 # The default run, within 15 minutes on 2 cores: where each mode is measured, as (N at the largest size, N at every
 # smaller size). The headline modes run at every size at N = 2 and 4; the anchors and variants at the largest only.
 # With one rank there are no turns to take, so the modes that differ in how ranks take turns start at N=2.
@@ -60,7 +63,7 @@ DEFAULT_PLAN: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "ours-true": ((1, 2, 4), (2, 4)),
     "fsdp-upstream": ((2, 4), (2, 4)),
     "fsdp-ours": ((2, 4), (2, 4)),
-    "ours-auto": ((2, 4), ()),
+    "ours-auto": ((4,), ()),
     "mmap-plugin": ((4,), ()),
     "proposal-2021": ((4,), ()),
     "ours-off": ((1,), ()),
@@ -68,6 +71,8 @@ DEFAULT_PLAN: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "zero-ours": ((2, 4), ()),
     "oss-upstream": ((4,), ()),
     "oss-ours": ((4,), ()),
+    "fabric-upstream": ((2, 4), ()),
+    "fabric-ours": ((2, 4), ()),
 }
 # modes outside the default run (`--modes` measures them): k = 2 and the eager reader, variants of `ours-true`
 EXTRA_MODES = tuple(m for m in MODES if m not in DEFAULT_PLAN)
@@ -94,6 +99,7 @@ TARGET_MMAP_PLUGIN_MAX_OVERHEAD = 0.1  # x S, mmap-plugin at the largest N: fit 
 TARGET_FSDP_MAX_OVERHEAD = 0.1  # x S, fsdp-ours fit (net) and validate, every N
 TARGET_SHARDED_MAX_OVERHEAD = 0.1  # x S, zero-ours and oss-ours fit (net), every N
 TARGET_OURS_FIT_TIME = 0.5  # x upstream's restore time, ours-true fit at the largest N
+TARGET_FABRIC_MAX_OVERHEAD = 0.1  # x S, fabric-ours fabric.load (net of the optimizer state), every N
 PLOT_STYLE = {
     "upstream": ("tab:red", "o", "-"),
     "mmap-plugin": ("tab:brown", "P", "-."),
@@ -481,6 +487,7 @@ def check_targets(results: dict[str, Any]) -> list[Target]:
             )  # fmt: skip
     every_n = [("fsdp-ours", entry, TARGET_FSDP_MAX_OVERHEAD) for entry in ("fit", "validate")]
     every_n += [(mode, "fit", TARGET_SHARDED_MAX_OVERHEAD) for mode in ("zero-ours", "oss-ours")]
+    every_n += [("fabric-ours", "fit", TARGET_FABRIC_MAX_OVERHEAD)]
     for mode, entry, bound in every_n:
         values = series(entry, mode, "headline")
         if values:
@@ -488,11 +495,11 @@ def check_targets(results: dict[str, Any]) -> list[Target]:
             reference = series(entry, upstream_mode, "headline")
             upstream = f" ({upstream_mode}: {text(reference)})" if reference else ""
             worst = max(v for _, v in values)
-            label = "fit (net)" if entry == "fit" else "validate"
+            label = "load (net)" if mode.startswith("fabric") else "fit (net)" if entry == "fit" else "validate"
             rows.append(
                 (f"{mode} {label}: <= {bound} x S at every N", f"{text(values)}{upstream}", worst <= bound, worst)
             )
-    for mode in ("ours-true", "mmap-plugin", "fsdp-ours", "zero-ours", "oss-ours"):
+    for mode in ("ours-true", "mmap-plugin", "fsdp-ours", "zero-ours", "oss-ours", "fabric-ours"):
         for entry in ("fit", "validate"):
             cell = find.get((top, entry, mode))
             if cell is not None and cell["time_ratio"] is not None:
@@ -849,8 +856,9 @@ def report(all_results: dict[str, Any], image_dir: str) -> str:
         " so N ranks that touch the same pages add about one copy to the node, not N.",
         "- `ours-true`, `ours-2`, `ours-auto` (memory-mapped): the file's pages sit in the page cache, shared by"
         " every rank and not anonymous; each rank copies the weights from them into its model in its turn and"
-        " drops everything it no longer needs at the end of the turn. For fit, the optimizer state is copied into"
-        " private memory in turns after DDP's setup: the state every training job holds anyway. `ours-auto` takes"
+        " drops everything it no longer needs at the end of the turn. For fit, after DDP's setup, every rank at once"
+        " copies into private memory the optimizer state its optimizers keep: the state every training job holds"
+        " anyway (it allocates nothing else, so it needs no turns). `ours-auto` takes"
         " turns of k ranks, k chosen by local rank 0 of each node from the memory available (see *k chosen by"
         " `ours-auto`* below).",
         "- `ours-true-eager`: each rank reads the whole file into private memory in its turn (S at a time); for"
@@ -998,6 +1006,7 @@ def report(all_results: dict[str, Any], image_dir: str) -> str:
     lines.append("")
     lines += _fsdp_section(results, image_dir)
     lines += _sharded_section(results)
+    lines += _fabric_section(results)
     lines += _sizes_section(views, image_dir)
     targets = [] if cfg["quick"] else check_targets_by_size(views)
     if cfg["quick"]:
@@ -1191,16 +1200,7 @@ def _fsdp_section(results: dict[str, Any], image_dir: str) -> list[str]:
 
 def _sharded_section(results: dict[str, Any]) -> list[str]:
     """Sharded optimizer state: its modes and one table (fit only)."""
-    cells = results["cells"]
-    size = results["checkpoint"]["size_bytes"]
-    modes = [m for m in SHARDED_MODES if any(c["mode"] == m for c in cells)]
-    if not modes:
-        return []
-    find = {(c["devices"], c["mode"]): c for c in cells if c["entry"] == "fit"}
-    baselines = list(dict.fromkeys(_measure.baseline_of(m) for m in modes))
-    lines = [
-        "## Sharded optimizer state",
-        "",
+    intro = (
         "The same checkpoint (its optimizer state is Adam's, consolidated as a sharded optimizer saves it) resumed"
         " with `trainer.fit` by optimizers that keep only their rank's shard: torch's `ZeroRedundancyOptimizer`"
         " under DDP, and fairscale's `OSS` with `ShardedDataParallel` (Lightning 1.x's `ddp_sharded`, the setup of"
@@ -1208,14 +1208,45 @@ def _sharded_section(results: dict[str, Any]) -> list[str]:
         " and `load_state_dict` keeps its shard. The *optimizer state kept* is the sum of the ranks' shards, about"
         " S_opt in all, and *net* is measured against it as for DDP; the ZeRO modes' baseline is the DDP `baseline`,"
         " the OSS modes' `oss-baseline` (the same fairscale job without a checkpoint). Exactness is checked on every"
-        " rank's weights and on the state of the parameters it owns.",
+        " rank's weights and on the state of the parameters it owns."
+    )
+    return _family_section(results, SHARDED_MODES, "Sharded optimizer state", intro, "fit")
+
+
+def _fabric_section(results: dict[str, Any]) -> list[str]:
+    """Lightning Fabric: its modes and one table."""
+    intro = (
+        'The same weights and Adam state, saved in the layout `fabric.save(path, {"model": ..., "optimizer":'
+        ' ..., "step": ...})` writes, loaded by `fabric.load(path, {"model": model, "optimizer": optimizer,'
+        " \"step\": 0})` under Fabric's DDP (gloo on CPU, Fabric's own launcher) after `fabric.setup`. The window"
+        " is the `fabric.load` call, from the earliest rank's start to the latest rank's return; the baseline is the"
+        " same program without the call. *Net* is measured against the optimizer state the ranks keep, as for the"
+        " Trainer's fit. Exactness is checked on every rank's weights and optimizer state."
+    )
+    return _family_section(results, FABRIC_MODES, "Lightning Fabric", intro, "load")
+
+
+def _family_section(results: dict[str, Any], family: tuple[str, ...], title: str, intro: str, entry: str) -> list[str]:
+    """A family of modes measured against its own baseline at the "fit" entry point: their descriptions and one
+    table (``entry`` names the entry point in the table's header)."""
+    cells = results["cells"]
+    size = results["checkpoint"]["size_bytes"]
+    modes = [m for m in family if any(c["mode"] == m for c in cells)]
+    if not modes:
+        return []
+    find = {(c["devices"], c["mode"]): c for c in cells if c["entry"] == "fit"}
+    baselines = list(dict.fromkeys(_measure.baseline_of(m) for m in modes))
+    lines = [
+        f"## {title}",
+        "",
+        intro,
         "",
         "| mode | what restores |",
         "|---|---|",
         *[f"| `{mode}` | {MODE_DESCRIPTIONS[mode]} |" for mode in [b for b in baselines if b != "baseline"] + modes],
         "",
-        "| mode | N | fit: net | fit: raw | optimizer state kept | PSS above baseline | window (s) | vs upstream"
-        " | exact |",
+        f"| mode | N | {entry}: net | {entry}: raw | optimizer state kept | PSS above baseline | window (s)"
+        " | vs upstream | exact |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for mode in [b for b in baselines if b != "baseline"] + modes:

@@ -6,6 +6,10 @@
 3. Resume with ``pytorch_lightning.Trainer().fit(ckpt_path=...)`` (upstream).
 4. Resume with ``serialized_restore.Trainer(serialized_checkpoint_loading=True).fit(ckpt_path=...)``.
 
+With ``--fabric`` the same comparison runs under Lightning Fabric: ``fabric.load(path, {"model": ...,
+"optimizer": ...})`` with ``lightning_fabric.Fabric`` against
+``serialized_restore.fabric.Fabric(serialized_checkpoint_loading=True)``.
+
 Each resume stops right before its first training step. While it runs, this process samples the anonymous memory
 of every process of the job (from ``/proc``) and reports the peak above the baseline, and every rank checks that
 what it restored equals the checkpoint bit for bit. Needs no GPU: DDP runs over gloo on the CPU.
@@ -39,6 +43,9 @@ LABELS = {
     "baseline": "no checkpoint (baseline)",
     "upstream": "pytorch_lightning.Trainer",
     "ours-true": "serialized_checkpoint_loading=True",
+    "fabric-baseline": "no fabric.load (baseline)",
+    "fabric-upstream": "lightning_fabric.Fabric",
+    "fabric-ours": "serialized_checkpoint_loading=True",
 }
 
 
@@ -53,6 +60,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         choices=("fit", "validate"),
         default="fit",
         help="resume through trainer.fit or restore for trainer.validate (default fit)",
+    )
+    parser.add_argument(
+        "--fabric",
+        action="store_true",
+        help="compare Lightning Fabric's fabric.load instead of the Trainer (the model and optimizer, like fit)",
     )
     parser.add_argument(
         "--output-dir", type=Path, default=OUTPUT_DIR, help="where the checkpoint and job logs go (default demo_output)"
@@ -87,11 +99,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     _measure.warm_page_cache(checkpoint.path)
 
     runs: dict[str, dict[str, Any]] = {}
-    steps = [("baseline", "2. the same program without a checkpoint")]
-    steps += [
-        ("upstream", "3. resuming with the upstream Trainer"),
-        ("ours-true", f"4. resuming with {LABELS['ours-true']}"),
-    ]
+    if args.fabric:
+        args.entry = "fit"  # fabric.load of the model and the optimizer
+        baseline, upstream_mode, ours_mode = "fabric-baseline", "fabric-upstream", "fabric-ours"
+        steps = [
+            (baseline, "2. the same Fabric program without fabric.load"),
+            (upstream_mode, "3. fabric.load with lightning_fabric.Fabric"),
+            (ours_mode, f"4. fabric.load with {LABELS[ours_mode]}"),
+        ]
+    else:
+        baseline, upstream_mode, ours_mode = "baseline", "upstream", "ours-true"
+        steps = [
+            (baseline, "2. the same program without a checkpoint"),
+            (upstream_mode, "3. resuming with the upstream Trainer"),
+            (ours_mode, f"4. resuming with {LABELS[ours_mode]}"),
+        ]
     for mode, title in steps:
         print(f"{title} ({args.entry}, {args.devices} ranks) ...", flush=True)
         try:
@@ -109,22 +131,23 @@ def main(argv: Optional[list[str]] = None) -> int:
         runs[mode] = run.as_dict()
         print(f"   peak node anonymous memory {_size(run.anon_peak)}, restore window {run.window:.1f}s")
 
-    base = runs["baseline"]
+    base = runs[baseline]
     fit = args.entry == "fit"
+    what = "fabric.load" if args.fabric else f"trainer.{args.entry}"
 
     def cell(value: float) -> str:
         return f"{_size(value)} ({value / size:.2f} x S)"
 
     print()
     print(
-        f"Resume through trainer.{args.entry} on {args.devices} ranks: node anonymous memory, peak inside the restore"
+        f"Resume through {what} on {args.devices} ranks: node anonymous memory, peak inside the restore"
         f" window; S = {size / GIB:.2f} GiB"
     )
     columns = ["above baseline", *(["optimizer state kept", "net"] if fit else []), "restore time", "exact"]
     widths = [36, 22, *([22, 22] if fit else []), 14, 5]
     print("  " + "".join(f"{c:<{w}}" for c, w in zip(["", *columns], widths)).rstrip())
     overhead = {}
-    for mode in ("upstream", "ours-true"):
+    for mode in (upstream_mode, ours_mode):
         run = runs[mode]
         o = overhead[mode] = _measure.overheads(run, base)
         row = [LABELS[mode], cell(o["raw"])]
@@ -132,7 +155,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         row += [f"{run['window']:.1f}s", "yes" if run["exact"] else "NO"]
         print("  " + "".join(f"{c:<{w}}" for c, w in zip(row, widths)).rstrip())
     print()
-    upstream, ours = overhead["upstream"]["raw"], overhead["ours-true"]["raw"]
+    upstream, ours = overhead[upstream_mode]["raw"], overhead[ours_mode]["raw"]
     ratio = f"{upstream / ours:.1f}x less" if ours > 0.01 * size else "under 1% of S"
     print(
         f"=> restore overhead (peak above the run without a checkpoint, which itself peaks at"
@@ -141,14 +164,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     if fit:
         print(
-            f"=> net of the optimizer state every training job holds anyway: {cell(overhead['upstream']['net'])}"
-            f" upstream, {cell(overhead['ours-true']['net'])} serialized"
+            f"=> net of the optimizer state every training job holds anyway: {cell(overhead[upstream_mode]['net'])}"
+            f" upstream, {cell(overhead[ours_mode]['net'])} serialized"
         )
         print(
             "   (net = peak minus the larger of the baseline's peak and its memory at the end of the window plus"
             " the optimizer state kept; see docs/benchmarks.md)"
         )
-    inexact = [mode for mode in ("upstream", "ours-true") if not runs[mode]["exact"]]
+    inexact = [mode for mode in (upstream_mode, ours_mode) if not runs[mode]["exact"]]
     if inexact:
         for mode in inexact:
             print(f"ERROR: {mode} did not restore the checkpoint exactly: {runs[mode]['mismatches']}", file=sys.stderr)

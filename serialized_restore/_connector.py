@@ -30,32 +30,21 @@ from __future__ import annotations
 
 import atexit
 import enum
-import json
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, SHARDED, checkpoint_kind, fsdp_strategy_class, load_full_checkpoint
-from serialized_restore._memory import plan_auto
-from serialized_restore._options import AVAILABLE_MEMORY_ENV, READER_ENV, RestoreOptions
-from serialized_restore._readers import (
-    LoadedCheckpoint,
-    choose_reader,
-    copy_kept_out_of_mapping,
-    local_path,
-    read_checkpoint,
-    storages_of,
-)
+from serialized_restore._options import RestoreOptions
+from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size
+from serialized_restore._readers import LoadedCheckpoint, copy_kept_out_of_mapping, read_checkpoint, storages_of
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
 from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
 
 STAGE_FETCH = "fetch checkpoint"
-STAGE_PLAN = "plan restore"
 STAGE_MODULES = "restore modules and callbacks"
 STAGE_TRAINING_STATE = "restore training state"
 
@@ -190,7 +179,7 @@ class _SerializedCheckpointConnectorMixin:
         """(all ranks) Local rank 0 of each node downloads the remote checkpoint into a new private directory; every
         rank of the node takes its path from the store and checks it, in a second round, so that a refusal on any
         rank ends the restore on every rank."""
-        schedule = self._make_schedule(restore.path, _local_world_size(self.trainer.strategy))
+        schedule = self._make_schedule(restore.path, local_world_size(self.trainer.strategy))
         # SerializedLoading.tmpdir, or SERIALIZED_RESTORE_TMPDIR over it, else the system's temporary directory
         restore.local_copy = copy = NodeLocalCopy(restore.path, self._options.tmpdir, self._log)
         if self.trainer.local_rank == 0:
@@ -243,7 +232,7 @@ class _SerializedCheckpointConnectorMixin:
         self._rank_zero_info(f"Restoring states from the checkpoint path at {checkpoint_path}")
         if restore.how is RestorePath.FSDP_FULL:
             strategy = self.trainer.strategy
-            schedule = self._make_schedule(checkpoint_path, _local_world_size(strategy))
+            schedule = self._make_schedule(checkpoint_path, local_world_size(strategy))
             checkpoint = load_full_checkpoint(strategy, checkpoint_path, weights_only, restore.fitting, schedule)
             restore.loaded = LoadedCheckpoint({}, "mmap", 0)
             self._loaded_checkpoint = self._migrate(checkpoint, checkpoint_path)
@@ -397,79 +386,25 @@ class _SerializedCheckpointConnectorMixin:
         return RestorePath.UPSTREAM
 
     def _decide_max_concurrent(self, restore: _Restore) -> int:
-        """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it from free memory.
-
-        The node's other ranks wait for the decision as they wait for a turn (``STAGE_PLAN``): a local rank 0 that
-        dies or raises before deciding ends the restore on every rank within the same bounds as a failed turn.
-        Raises ``MemoryError`` when not even one rank fits.
-        """
-        if self._options.max_concurrent is not None:
-            return self._options.max_concurrent
+        """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it (``_plan.py``)."""
         source = restore.local_copy.path if restore.local_copy is not None else restore.path
-        strategy = self.trainer.strategy
-        reader, _ = choose_reader(strategy, source, self._options.reader)
-        size = os.path.getsize(local) if (local := local_path(source)) and os.path.isfile(local) else 0
-
-        def decide() -> str:
-            plan = plan_auto(size, reader, _local_world_size(strategy))
-            return json.dumps([plan.max_concurrent, plan.describe()])
-
-        schedule = self._make_schedule(restore.path, _local_world_size(strategy))
-        k, figures = _parse_plan(schedule.decide_per_node(STAGE_PLAN, decide))
-        if self.trainer.local_rank == 0:
-            self._log.info(f'serialized restore: "auto" chose k={k} for node {self.trainer.node_rank}: {figures}')
-        if k < 1:
-            raise MemoryError(
-                '`Trainer(serialized_checkpoint_loading="auto")` found that not even one rank of node'
-                f" {self.trainer.node_rank} can restore {str(restore.path)!r} in the memory available ({figures})."
-                + (
-                    " Free memory, let it be read memory-mapped (a local checkpoint in torch's zip format, read by the"
-                    f" stock TorchCheckpointIO, and {READER_ENV} not `eager`),"
-                    if reader == "eager"
-                    else " Free memory,"
-                )
-                + f" or set {AVAILABLE_MEMORY_ENV} if the estimate is wrong."
-            )
-        return int(k)
+        return decide_max_concurrent(
+            self._options, self.trainer.strategy, self._placement(), restore.path, source, self._log
+        )
 
     def _make_schedule(self, checkpoint_path: Any, max_concurrent: int) -> TurnSchedule:
         """(all ranks) A schedule over the job's default store (none for a single process)."""
-        strategy = self.trainer.strategy
-        initialized = dist.is_available() and dist.is_initialized()
+        return job_schedule(self._placement(), checkpoint_path, max_concurrent, self._options, self._log)
+
+    def _placement(self) -> RankPlacement:
         trainer = self.trainer
-        placement = RankPlacement(
+        return RankPlacement(
             global_rank=trainer.global_rank,
             world_size=trainer.world_size,
             node_rank=trainer.node_rank,
             local_rank=trainer.local_rank,
-            local_world_size=_local_world_size(strategy),
+            local_world_size=local_world_size(trainer.strategy),
         )
-        store = dist.distributed_c10d._get_default_store() if initialized and placement.world_size > 1 else None
-        return TurnSchedule(
-            store=store,
-            placement=placement,
-            max_concurrent=max_concurrent,
-            checkpoint_path=str(checkpoint_path),
-            turn_timeout=self._options.turn_timeout,
-            heartbeat_timeout=self._options.heartbeat_timeout,
-            logger=self._log,
-        )
-
-
-def _parse_plan(text: str) -> tuple[int, str]:
-    """``[k, figures]`` as local rank 0 wrote it to the store; a clear ``ValueError`` for anything else (the store is
-    not authenticated: see docs/security.md)."""
-    try:
-        k, figures = json.loads(text)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f'"auto" read a malformed decision from the job\'s store: {text[:200]!r} ({err})') from None
-    if isinstance(k, bool) or not isinstance(k, int) or not isinstance(figures, str):
-        raise ValueError(f'"auto" read a malformed decision from the job\'s store: {text[:200]!r}')
-    return k, figures
-
-
-def _local_world_size(strategy: Any) -> int:
-    return max(1, int(getattr(strategy, "num_processes", 1)))
 
 
 class _Fingerprint:

@@ -98,9 +98,10 @@ class RestoreOptions:
         return self.max_concurrent is not None or self.auto
 
     @classmethod
-    def parse(cls, value: object) -> RestoreOptions:
-        """Validate the user's value and the environment overrides; raise ``ValueError`` quoting what is wrong."""
-        settings = _settings(value)
+    def parse(cls, value: object, owner: str = "Trainer") -> RestoreOptions:
+        """Validate the user's value and the environment overrides; raise ``ValueError`` quoting what is wrong (and
+        ``owner``, the class the value was given to: ``"Trainer"`` or ``"Fabric"``)."""
+        settings = _settings(value, owner)
         if settings is None:
             return cls(value=value, max_concurrent=None)
         auto = settings.max_concurrent == AUTO
@@ -118,7 +119,7 @@ class RestoreOptions:
         )
 
 
-def _settings(value: object) -> Optional[SerializedLoading]:
+def _settings(value: object, owner: str) -> Optional[SerializedLoading]:
     """The :class:`SerializedLoading` that ``value`` stands for; ``None`` for ``False``."""
     if isinstance(value, SerializedLoading):
         return value
@@ -132,7 +133,7 @@ def _settings(value: object) -> Optional[SerializedLoading]:
     if k is not None:
         return SerializedLoading(max_concurrent=k)
     raise ValueError(
-        f"`Trainer(serialized_checkpoint_loading={value!r})` is not supported. Accepted values: {_ACCEPTED}."
+        f"`{owner}(serialized_checkpoint_loading={value!r})` is not supported. Accepted values: {_ACCEPTED}."
     )
 
 

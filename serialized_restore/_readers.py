@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -149,12 +149,19 @@ def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, Option
 
 
 def read_checkpoint(
-    strategy: Any, path: Any, weights_only: Optional[bool], reader: str, logger: logging.Logger = log
+    strategy: Any,
+    path: Any,
+    weights_only: Optional[bool],
+    reader: str,
+    logger: logging.Logger = log,
+    read_eagerly: Optional[Callable[..., Any]] = None,
 ) -> LoadedCheckpoint:
     """(one rank, inside its turn) Read the whole checkpoint with the reader ``choose_reader`` picks.
 
     ``reader`` is ``"auto"`` or ``"mmap"`` (memory-mapped when possible, else eager, saying why at INFO on
     ``logger``: the connector passes the flavour's ``<lightning>.serialized_restore`` logger) or ``"eager"``.
+    Eager reading calls ``read_eagerly(path, weights_only=...)``: by default the Trainer strategy's
+    ``load_checkpoint``; Fabric passes its strategy's ``checkpoint_io.load_checkpoint``.
 
     Memory: memory-mapped, the rank's private memory grows by nothing but the unpickled containers (the tensors are
     views of the file's pages in the page cache); eager, by the whole checkpoint (about the file's size).
@@ -166,7 +173,7 @@ def read_checkpoint(
         return LoadedCheckpoint(checkpoint, "mmap", _file_size(local_path(path)))
     if reason is not None:
         logger.info(f"Reading {path!r} eagerly instead of memory-mapped: {reason}.")
-    checkpoint = strategy.load_checkpoint(path, weights_only=weights_only)
+    checkpoint = (read_eagerly or strategy.load_checkpoint)(path, weights_only=weights_only)
     return LoadedCheckpoint(checkpoint, "eager", _file_size(local_path(path)))
 
 
@@ -215,7 +222,13 @@ def copy_kept_out_of_mapping(optimizers: list[Any], mapped: set[int]) -> int:
 
     for optimizer in optimizers:
         collect(optimizer)
+    return copy_out_of_mapping(containers, mapped)
 
+
+def copy_out_of_mapping(containers: list[Any], mapped: set[int]) -> int:
+    """Replace, in place, every strided tensor in ``containers`` (dicts and lists, and tuples in them, which are
+    rebuilt) whose storage is one of ``mapped`` by a private copy; the bytes copied. A tensor reachable twice is
+    copied once; tensors that are views of one storage are copied as one storage and stay views of one another."""
     kept = {
         id(tensor): tensor
         for container in containers

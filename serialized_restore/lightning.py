@@ -1,10 +1,12 @@
-"""``serialized_restore`` for users of the unified package: ``import lightning.pytorch``."""
+"""``serialized_restore`` for users of the unified package: ``import lightning.pytorch`` and ``lightning.fabric``."""
 
+from lightning.fabric import Fabric as _Fabric
 from lightning.pytorch import Trainer as _Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
 from serialized_restore._connector import _SerializedCheckpointConnectorMixin
+from serialized_restore._fabric import SerializedFabricMixin
 from serialized_restore._readers import MmapCheckpointIOMixin
 from serialized_restore._trainer import SerializedRestoreTrainerMixin
 
@@ -22,4 +24,8 @@ class MmapCheckpointIO(MmapCheckpointIOMixin, TorchCheckpointIO):
     __doc__ = MmapCheckpointIOMixin.__doc__
 
 
-__all__ = ["MmapCheckpointIO", "Trainer"]
+class Fabric(SerializedFabricMixin, _Fabric):
+    __doc__ = SerializedFabricMixin.__doc__
+
+
+__all__ = ["Fabric", "MmapCheckpointIO", "Trainer"]

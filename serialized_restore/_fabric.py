@@ -1,0 +1,235 @@
+"""Lightning Fabric: ``fabric.load`` and ``fabric.load_raw`` in per-node turns.
+
+Under DDP every local rank calls ``strategy.load_checkpoint``, which reads the whole file into private memory at
+once: N x S per node. With ``Fabric(serialized_checkpoint_loading=...)`` each rank runs upstream's own
+``strategy.load_checkpoint`` inside its turn (``_turns.py``), on the checkpoint read memory-mapped where it can be
+(``_readers.choose_reader``), and then, with the node's other ranks at once (a second, unordered stage: it
+allocates only what the rank keeps), copies into private memory what the rank keeps of the mapped file:
+
+* modules: ``load_state_dict`` copies into the parameters and buffers already (nothing else is kept);
+* optimizers: the tensors they still hold after ``load_state_dict`` (``copy_kept_out_of_mapping``: a sharded
+  optimizer's shard, nothing for state moved to a GPU);
+* other stateful objects (``state_dict`` / ``load_state_dict``): their entry, copied before it is handed to them;
+* plain values put into ``state`` and the returned remainder: every tensor in them.
+
+So nothing the caller holds after ``load`` is backed by the file, and a rank waiting for its turn holds nothing of
+the checkpoint. The schedule, the readers and the errors are the Trainer's; the rules for strategies are too: single
+device and the DDP family in turns; FSDP (which reads a full checkpoint lazily and a sharded one rank by rank),
+and any strategy that overrides ``load_checkpoint`` or ``load_module_state_dict``, as upstream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
+
+import torch
+
+from serialized_restore._flavour import flavour_of
+from serialized_restore._options import RestoreOptions
+from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size
+from serialized_restore._readers import (
+    LoadedCheckpoint,
+    copy_kept_out_of_mapping,
+    copy_out_of_mapping,
+    read_checkpoint,
+    storages_of,
+)
+from serialized_restore._trainer import SerializedCheckpointLoading
+from serialized_restore._turns import RankPlacement
+
+STAGE_LOAD = "load checkpoint"
+STAGE_COPY = "copy what is kept"
+_LOAD_METHODS = ("load_checkpoint", "load_module_state_dict")
+"""Strategy methods whose override may run collectives inside a load (which cannot run while ranks take turns)."""
+
+
+class SerializedFabricMixin:
+    """Adds ``serialized_checkpoint_loading`` to Lightning ``Fabric``; every other argument is upstream's.
+
+    Args:
+        serialized_checkpoint_loading: as the Trainer's. ``False`` (default) loads exactly as upstream. ``True``: in
+            ``fabric.load`` and ``fabric.load_raw`` the local ranks of each node load one at a time, nodes in
+            parallel, each keeping only what it restores. A positive int ``k``: at most ``k`` local ranks of a node
+            at once. ``"auto"``: ``k`` chosen per node from the memory available. A
+            :class:`~serialized_restore.SerializedLoading` sets every setting in one typed object.
+    """
+
+    _strategy: Any
+
+    def __init__(
+        self, *args: Any, serialized_checkpoint_loading: SerializedCheckpointLoading = False, **kwargs: Any
+    ) -> None:
+        options = RestoreOptions.parse(serialized_checkpoint_loading, owner="Fabric")
+        super().__init__(*args, **kwargs)
+        self._serialized_loading = options
+        self._serialized_warned: set[type] = set()
+        self._serialized_log = logging.getLogger(f"{flavour_of(self).fabric}.serialized_restore")
+
+    def load(
+        self,
+        path: Any,
+        state: Optional[dict[str, Any]] = None,
+        strict: bool = True,
+        *,
+        weights_only: Optional[bool] = None,
+    ) -> dict[str, Any]:
+        with self._loading_in_turns():
+            return super().load(path, state, strict, weights_only=weights_only)  # type: ignore[misc]
+
+    def load_raw(self, path: Any, obj: Any, strict: bool = True, *, weights_only: Optional[bool] = None) -> None:
+        with self._loading_in_turns():
+            return super().load_raw(path, obj, strict, weights_only=weights_only)  # type: ignore[misc]
+
+    load.__doc__ = "Upstream's ``Fabric.load``; with ``serialized_checkpoint_loading`` on, in turns (see the class)."
+    load_raw.__doc__ = "Upstream's ``Fabric.load_raw``; with ``serialized_checkpoint_loading`` on, in turns."
+
+    @contextlib.contextmanager
+    def _loading_in_turns(self) -> Iterator[None]:
+        """While upstream's ``load`` / ``load_raw`` runs, its call of ``strategy.load_checkpoint`` becomes a turn."""
+        strategy = self._strategy
+        if not self._serialized_loading.enabled or not self._strategy_loads_in_turns(strategy):
+            yield
+            return
+        upstream = strategy.load_checkpoint
+
+        def load_checkpoint(
+            path: Any, state: Any = None, strict: bool = True, weights_only: Optional[bool] = None
+        ) -> dict[str, Any]:
+            return self._load_in_turn(upstream, path, state, strict, weights_only)
+
+        strategy.load_checkpoint = load_checkpoint
+        try:
+            yield
+        finally:
+            del strategy.load_checkpoint  # the instance attribute: the class's method shows through again
+
+    def _load_in_turn(
+        self, upstream: Callable[..., dict[str, Any]], path: Any, state: Any, strict: bool, weights_only: Any
+    ) -> dict[str, Any]:
+        """(all ranks) Upstream's ``strategy.load_checkpoint`` in this rank's turn, on the checkpoint read with the
+        restore's reader; then, every rank at once, copy what the rank keeps out of the mapping."""
+        options, strategy, log = self._serialized_loading, self._strategy, self._serialized_log
+        placement = self._placement()
+        k = decide_max_concurrent(options, strategy, placement, path, path, log, owner="Fabric")
+        schedule = job_schedule(placement, path, k, options, log)
+        with schedule.turn(STAGE_LOAD) as record:
+            loaded = read_checkpoint(
+                strategy, path, weights_only, options.reader, log, read_eagerly=strategy.checkpoint_io.load_checkpoint
+            )
+            record.bytes_read, record.reader = loaded.bytes_read, loaded.reader
+            mapped = storages_of(loaded.checkpoint) if loaded.reader == "mmap" else set()
+            if mapped:
+                record.bytes_copied += self._copy_for_stateful_objects(loaded.checkpoint, state, mapped)
+            remainder = self._run_upstream(upstream, loaded, path, state, strict, weights_only)
+        # what the rank keeps is copied with the node's other ranks at once: it allocates only memory the rank keeps
+        # (as the Trainer's second stage); every rank takes part, also one that read eagerly and copies nothing
+        with schedule.turn(STAGE_COPY, ordered=False, logged=bool(mapped)) as record:
+            if mapped:
+                record.bytes_copied = self._copy_kept(state, remainder, mapped)
+        return remainder
+
+    def _run_upstream(
+        self,
+        upstream: Callable[..., dict[str, Any]],
+        loaded: LoadedCheckpoint,
+        path: Any,
+        state: Any,
+        strict: bool,
+        weights_only: Any,
+    ) -> dict[str, Any]:
+        """Upstream's ``strategy.load_checkpoint``, its ``checkpoint_io`` handing it the checkpoint already read."""
+        strategy = self._strategy
+        checkpoint_io = strategy.checkpoint_io
+        strategy.checkpoint_io = _AlreadyRead(loaded.checkpoint)
+        loaded.checkpoint = {}  # upstream pops what it restores: nothing else holds on to it
+        try:
+            return upstream(path=path, state=state, strict=strict, weights_only=weights_only)
+        finally:
+            strategy.checkpoint_io = checkpoint_io
+
+    def _copy_for_stateful_objects(self, checkpoint: Any, state: Any, mapped: set[int]) -> int:
+        """Give stateful objects other than modules and optimizers a private copy of their entry: what they keep of
+        it cannot be found afterwards (modules copy into their parameters; optimizers are looked at afterwards)."""
+        if not isinstance(state, dict) or not isinstance(checkpoint, dict):
+            return 0
+        stateful = flavour_of(self).import_("utilities.types", "_Stateful", fabric=True)
+        names = [
+            name
+            for name, obj in state.items()
+            if name in checkpoint
+            and isinstance(obj, stateful)
+            and not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
+        ]
+        entries = {name: checkpoint[name] for name in names}
+        copied = copy_out_of_mapping([entries], mapped)
+        checkpoint.update(entries)
+        return copied
+
+    @staticmethod
+    def _copy_kept(state: Any, remainder: Any, mapped: set[int]) -> int:
+        """Copy out of the mapping what the optimizers kept, the plain values put into ``state`` and the remainder."""
+        if isinstance(state, torch.optim.Optimizer):
+            return copy_kept_out_of_mapping([state], mapped)
+        containers = [remainder]
+        optimizers = []
+        if isinstance(state, dict):
+            containers.append(state)
+            optimizers = [obj for obj in state.values() if isinstance(obj, torch.optim.Optimizer)]
+        return copy_kept_out_of_mapping(optimizers, mapped) + copy_out_of_mapping(containers, mapped)
+
+    def _placement(self) -> RankPlacement:
+        fabric: Any = self
+        return RankPlacement(
+            global_rank=fabric.global_rank,
+            world_size=fabric.world_size,
+            node_rank=fabric.node_rank,
+            local_rank=fabric.local_rank,
+            local_world_size=local_world_size(self._strategy),
+        )
+
+    def _strategy_loads_in_turns(self, strategy: Any) -> bool:
+        """Single device and the DDP family, unless a subclass overrides a load method; others warn once."""
+        flavour = flavour_of(self)
+        ddp, single, fsdp = (
+            flavour.import_("strategies", name, fabric=True)
+            for name in ("DDPStrategy", "SingleDeviceStrategy", "FSDPStrategy")
+        )
+        base = next((b for b in (ddp, single) if isinstance(strategy, b)), None)
+        overridden = [m for m in _LOAD_METHODS if base and getattr(type(strategy), m) is not getattr(base, m)]
+        if base is not None and not overridden:
+            return True
+        if type(strategy) in self._serialized_warned:
+            return False
+        self._serialized_warned.add(type(strategy))
+        if isinstance(strategy, fsdp) and type(strategy).load_checkpoint is fsdp.load_checkpoint:
+            flavour.import_("utilities.rank_zero", "rank_zero_info", fabric=True)(
+                "serialized restore: FSDP loads with collectives, so its own load is used as is (it reads a full"
+                " checkpoint lazily and a sharded one rank by rank)."
+            )
+            return False
+        why = (
+            f"it overrides {', '.join(overridden)}"
+            if overridden
+            else "its load may run collectives, which cannot run while ranks take turns"
+        )
+        flavour.import_("utilities.rank_zero", "rank_zero_warn", fabric=True)(
+            f"`Fabric(serialized_checkpoint_loading={self._serialized_loading.value!r})` has no effect with"
+            f" {type(strategy).__name__}: {why}. The checkpoint is loaded as upstream Lightning does."
+        )
+        return False
+
+
+class _AlreadyRead:
+    """A stand-in ``CheckpointIO`` for one call of upstream's ``strategy.load_checkpoint``: its read returns the
+    checkpoint the rank read in its turn (once: the dict is not kept)."""
+
+    def __init__(self, checkpoint: Any) -> None:
+        self._checkpoint: Any = checkpoint
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Optional[bool] = None) -> Any:
+        checkpoint, self._checkpoint = self._checkpoint, None
+        assert checkpoint is not None, "the checkpoint was read once already"
+        return checkpoint

@@ -1,0 +1,225 @@
+"""A Lightning Fabric job: train and save, or load a checkpoint and train on, with upstream's Fabric or ours.
+
+Usage: ``python tests/helpers/fabric_job.py '<json config>'``, directly (Fabric's own launcher starts the other local
+ranks by re-running this command line) or under ``torchrun``. Every rank writes what it ends with to
+``<out>/rank<global_rank>.pt``, or, when it raises, ``<out>/rank<global_rank>.error.json``.
+
+Config keys: ``fabric`` (``"upstream"`` or ``"ours"``), ``flavour`` (``"lightning_fabric"`` or ``"lightning"``),
+``serialized`` (the option's value), ``devices``, ``strategy`` (``"ddp"``, or ``"ddp_overriding_load"``: a DDP
+strategy that overrides ``load_checkpoint``), ``out``, ``action``: ``"save"`` (train ``steps``, then
+``fabric.save(save_path, state)``; with ``raw_module_path`` / ``raw_optimizer_path`` also ``torch.save`` the plain
+state dicts there), ``"load"`` (``fabric.load(ckpt_path, state, strict)``, with ``state_keys`` choosing the state's
+entries, then ``steps`` more), ``"load_full"`` (``fabric.load(ckpt_path)``: the whole checkpoint) or
+``"load_raw"`` (``fabric.load_raw`` of the module and the optimizer files).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def _fabric_class(config: dict[str, Any]) -> Any:
+    unified = config.get("flavour") == "lightning"
+    if config["fabric"] == "ours":
+        if unified:
+            from serialized_restore.lightning import Fabric
+        else:
+            from serialized_restore.fabric import Fabric
+        return Fabric
+    if unified:
+        from lightning.fabric import Fabric
+    else:
+        from lightning_fabric import Fabric
+    return Fabric
+
+
+def _strategy(config: dict[str, Any]) -> Any:
+    name = config.get("strategy", "ddp")
+    if name != "ddp_overriding_load":
+        return name
+    if config.get("flavour") == "lightning":
+        from lightning.fabric.strategies import DDPStrategy
+    else:
+        from lightning_fabric.strategies import DDPStrategy
+
+    class DDPOverridingLoad(DDPStrategy):
+        """A user's DDP strategy with its own ``load_checkpoint`` (it may run collectives there)."""
+
+        def load_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+            return super().load_checkpoint(*args, **kwargs)
+
+    return DDPOverridingLoad()
+
+
+class _TurnLog(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.lines: list[tuple[float, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.created, record.getMessage()))
+
+
+class _Counter:
+    """A stateful object that is neither a module nor an optimizer: it keeps the tensor it is given."""
+
+    def __init__(self) -> None:
+        self.seen = torch.zeros(4)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen = state["seen"]
+
+
+def _file_backed(values: list[torch.Tensor], path: str) -> list[int]:
+    """Indexes of the tensors whose data lies in a mapping of the file at ``path``."""
+    ranges = []
+    target = os.path.realpath(path)
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and os.path.realpath(parts[5].strip()) == target:
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                ranges.append((start, end))
+    return [i for i, t in enumerate(values) if any(s <= t.data_ptr() < e for s, e in ranges)]
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
+def main(config: dict[str, Any]) -> None:
+    out = Path(config["out"])
+    fabric_class = _fabric_class(config)
+    kwargs: dict[str, Any] = {"accelerator": "cpu", "devices": config.get("devices", 2), "strategy": _strategy(config)}
+    if config["fabric"] == "ours":
+        kwargs["serialized_checkpoint_loading"] = config.get("serialized", True)
+    fabric = fabric_class(**kwargs)
+    fabric.launch()
+    log = _TurnLog()
+    root = "lightning.fabric" if config.get("flavour") == "lightning" else "lightning_fabric"
+    logger = logging.getLogger(f"{root}.serialized_restore")
+    logger.addHandler(log)
+    logger.setLevel(logging.DEBUG)
+    started = time.time()
+    try:
+        result = _run(fabric, config)
+    except BaseException as err:
+        rank = int(os.environ.get("RANK", fabric.global_rank))
+        (out / f"rank{rank}.error.json").write_text(
+            json.dumps(
+                {
+                    "type": type(err).__name__,
+                    "mro": [c.__name__ for c in type(err).__mro__],
+                    "message": str(err),
+                    "cause": repr(err.__cause__),
+                    "traceback": traceback.format_exc(),
+                    "elapsed": time.time() - started,
+                }
+            )
+        )
+        raise
+    result.update(global_rank=fabric.global_rank, local_rank=fabric.local_rank, turn_log=log.lines)
+    torch.save(result, out / f"rank{fabric.global_rank}.pt")
+
+
+def _run(fabric: Any, config: dict[str, Any]) -> dict[str, Any]:
+    torch.manual_seed(0)
+    width = 32
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    model, optimizer = fabric.setup(model, optimizer)
+    counter = _Counter()
+    generator = torch.Generator().manual_seed(1234 + fabric.global_rank)
+    data = [(torch.randn(8, width, generator=generator), torch.randn(8, 1, generator=generator)) for _ in range(8)]
+
+    def train(steps: int, start: int) -> None:
+        for step in range(start, start + steps):
+            x, y = data[step % len(data)]
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            fabric.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            counter.seen = counter.seen + 1
+
+    action = config["action"]
+    result: dict[str, Any] = {}
+    ckpt = config.get("ckpt_path")
+    if action == "save":
+        train(config.get("steps", 3), 0)
+        state = {
+            "model": model,
+            "optimizer": optimizer,
+            "scheduler": scheduler,
+            "counter": counter,
+            "step": config.get("steps", 3),
+            "extra": torch.arange(6.0).reshape(2, 3),
+            "note": {"text": "saved", "values": [torch.ones(2), 3]},
+        }
+        fabric.save(config["save_path"], state)
+        if config.get("raw_module_path") and fabric.global_rank == 0:
+            torch.save(model.module.state_dict(), config["raw_module_path"])
+            torch.save(optimizer.optimizer.state_dict(), config["raw_optimizer_path"])
+        fabric.barrier()
+    elif action == "load":
+        full: dict[str, Any] = {
+            "model": model,
+            "optimizer": optimizer,
+            "scheduler": scheduler,
+            "counter": counter,
+            "step": 0,
+            "extra": None,
+        }
+        state = {k: full[k] for k in config.get("state_keys", list(full))}
+        for name in config.get("missing_keys", []):
+            state[name] = 0
+        remainder = fabric.load(ckpt, state, strict=config.get("strict", True))
+        kept = _tensors(remainder) + _tensors({k: v for k, v in state.items() if not hasattr(v, "state_dict")})
+        kept += _tensors(optimizer.optimizer.state) + [counter.seen]
+        result["file_backed"] = _file_backed(kept, ckpt)
+        result["remainder"] = remainder
+        result["plain_state"] = {k: v for k, v in state.items() if not hasattr(v, "state_dict")}
+        result["counter"] = counter.seen.clone()
+        train(config.get("steps", 2), int(state.get("step", 0) or 0))
+    elif action == "load_full":
+        checkpoint = fabric.load(ckpt)
+        result["file_backed"] = _file_backed(_tensors(checkpoint), ckpt)
+        result["remainder"] = checkpoint
+    elif action == "load_raw":
+        fabric.load_raw(config["raw_module_path"], model)
+        fabric.load_raw(config["raw_optimizer_path"], optimizer)
+        kept = _tensors(optimizer.optimizer.state) + _tensors(model.state_dict())
+        result["file_backed"] = _file_backed(kept, config["raw_optimizer_path"]) + _file_backed(
+            kept, config["raw_module_path"]
+        )
+    else:
+        raise ValueError(f"unknown action {action!r}")
+    result["params"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    result["optimizer"] = optimizer.optimizer.state_dict()
+    result["scheduler"] = scheduler.state_dict()
+    return result
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

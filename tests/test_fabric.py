@@ -1,0 +1,182 @@
+"""Lightning Fabric: ``fabric.load`` / ``fabric.load_raw`` with ``serialized_checkpoint_loading`` against upstream's.
+
+Real Fabric jobs (CPU, gloo), launched by Fabric's own launcher or by ``torchrun``; every rank's end state, the
+returned remainder and the errors are compared with upstream ``Fabric`` loading the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from harness.processes import job_env, kill_job, start_job
+from tests.helpers.checks import JOB_TIMEOUT, assert_same, max_concurrent, turn_intervals
+from tests.helpers.launch import JobResult, run_job
+
+JOB = Path(__file__).with_name("helpers") / "fabric_job.py"
+STAGE = "load checkpoint"
+COPY_STAGE = "copy what is kept"
+
+
+def _run(config: dict[str, Any], launcher: str = "fabric") -> JobResult:
+    if launcher == "fabric":
+        return run_job(config, timeout=JOB_TIMEOUT, script=JOB)
+    out = Path(config["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={port}"]
+    proc = start_job(JOB, config, cwd=out, env=job_env(), stdout=subprocess.PIPE, text=True, argv=argv)
+    try:
+        output, _ = proc.communicate(timeout=JOB_TIMEOUT)
+    finally:
+        kill_job(proc)
+    ranks = {int(p.stem[4:]): torch.load(p, weights_only=False) for p in out.glob("rank*.pt")}
+    return JobResult(proc.returncode, 0.0, output, ranks, {})
+
+
+def _ok(config: dict[str, Any], launcher: str = "fabric") -> dict[int, Any]:
+    result = _run(config, launcher)
+    assert result.returncode == 0 and not result.errors, (result.output[-6000:], result.errors)
+    assert sorted(result.ranks) == list(range(config.get("devices", 2))), result.output[-3000:]
+    return result.ranks
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A checkpoint saved by upstream Fabric on 2 ranks (model, optimizer, scheduler, a stateful object, plain
+    values), and the module's and the optimizer's plain state dicts."""
+    root = tmp_path_factory.mktemp("fabric-saved")
+    paths = {
+        "ckpt": str(root / "fabric.ckpt"),
+        "module": str(root / "module.pt"),
+        "optimizer": str(root / "optimizer.pt"),
+    }
+    config = {
+        "fabric": "upstream",
+        "action": "save",
+        "out": str(root / "save"),
+        "save_path": paths["ckpt"],
+        "raw_module_path": paths["module"],
+        "raw_optimizer_path": paths["optimizer"],
+    }
+    _ok(config)
+    return paths
+
+
+def _assert_same_end_state(ours: dict[int, Any], upstream: dict[int, Any], keys: tuple[str, ...]) -> None:
+    assert sorted(ours) == sorted(upstream)
+    for rank in upstream:
+        for key in keys:
+            assert_same(ours[rank][key], upstream[rank][key], f"rank {rank}: {key}")
+
+
+def _assert_took_turns(ranks: dict[int, Any]) -> None:
+    """Every rank loaded in its turn, one at a time in local rank order, then copied what it keeps (all at once)."""
+    intervals = turn_intervals(ranks)
+    assert sorted(intervals) == [COPY_STAGE, STAGE], intervals
+    for stage in (STAGE, COPY_STAGE):
+        assert sorted(r for _, _, r in intervals[stage]) == sorted(ranks), intervals
+    assert max_concurrent(intervals[STAGE]) == 1, sorted(intervals[STAGE])
+    assert [r for _, _, r in sorted(intervals[STAGE])] == sorted(ranks), "not in local rank order"
+    last_load = max(end for _, end, _ in intervals[STAGE])
+    assert all(start >= last_load for start, _, _ in intervals[COPY_STAGE]), "a copy started before every load ended"
+
+
+@pytest.mark.parametrize(("launcher", "flavour"), [("fabric", "lightning_fabric"), ("torchrun", "lightning")])
+def test_load_equals_upstream_and_keeps_nothing_backed_by_the_file(
+    tmp_path: Path, saved: dict[str, str], launcher: str, flavour: str
+) -> None:
+    """`fabric.load(path, state)` in turns ends every rank exactly as upstream's load does (weights, optimizer,
+    scheduler, a stateful object, plain values put into `state`, the returned remainder, and 2 more training steps),
+    the ranks taking turns one at a time; nothing they keep lies in the file's pages."""
+    common = {"action": "load", "ckpt_path": saved["ckpt"], "flavour": flavour}
+    upstream = _ok({**common, "fabric": "upstream", "out": str(tmp_path / "upstream")}, launcher)
+    ours = _ok({**common, "fabric": "ours", "out": str(tmp_path / "ours")}, launcher)
+    keys = ("params", "optimizer", "scheduler", "counter", "plain_state", "remainder")
+    _assert_same_end_state(ours, upstream, keys)
+    assert set(ours[0]["remainder"]) == {"note"} and ours[0]["plain_state"]["step"] == 3
+    _assert_took_turns(ours)
+    for rank, got in ours.items():
+        assert got["file_backed"] == [], f"rank {rank}: tensors still in the file's pages: {got['file_backed']}"
+        ended = [m for _, m in got["turn_log"] if "ended in" in m and "[rank" in m]
+        assert len(ended) == 2 and "memory-mapped" in ended[0] and "out of the mapped file" in ended[1], ended
+
+
+def test_load_of_the_whole_checkpoint_and_load_raw_equal_upstream(tmp_path: Path, saved: dict[str, str]) -> None:
+    """`fabric.load(path)` returns upstream's whole checkpoint, in private memory; `fabric.load_raw` of a module's
+    and an optimizer's state dict files restores them as upstream's does; both in turns."""
+    for action, extra in (
+        ("load_full", {"ckpt_path": saved["ckpt"]}),
+        ("load_raw", {"raw_module_path": saved["module"], "raw_optimizer_path": saved["optimizer"]}),
+    ):
+        upstream = _ok({"fabric": "upstream", "action": action, "out": str(tmp_path / f"{action}-up"), **extra})
+        ours = _ok({"fabric": "ours", "action": action, "out": str(tmp_path / f"{action}-ours"), **extra})
+        keys = ("params", "optimizer", "scheduler") + (("remainder",) if action == "load_full" else ())
+        _assert_same_end_state(ours, upstream, keys)
+        for rank, got in ours.items():
+            assert got["file_backed"] == [], f"{action}, rank {rank}: {got['file_backed']}"
+            assert any("turn for 'load checkpoint' ended" in m for _, m in got["turn_log"]), (action, rank)
+
+
+@pytest.mark.parametrize(
+    ("case", "config"),
+    [
+        ("missing file", {"ckpt_path": "does-not-exist.ckpt"}),
+        ("key not in the checkpoint, strict", {"missing_keys": ["absent"]}),
+    ],
+)
+def test_failures_raise_upstreams_exception_type_on_every_rank(
+    tmp_path: Path, saved: dict[str, str], case: str, config: dict[str, Any]
+) -> None:
+    """A load that fails raises on every rank an exception of upstream's type (ours also a CheckpointRestoreError
+    naming the rank that failed), within the job timeout, and leaves the checkpoint file as it was."""
+    before = Path(saved["ckpt"]).read_bytes()
+    common = {"action": "load", "ckpt_path": saved["ckpt"], **config}
+    upstream = _run({**common, "fabric": "upstream", "out": str(tmp_path / "upstream")})
+    ours = _run({**common, "fabric": "ours", "out": str(tmp_path / "ours")})
+    assert upstream.returncode != 0 and ours.returncode != 0, case
+    assert sorted(upstream.errors) == sorted(ours.errors) == [0, 1], (upstream.errors, ours.errors)
+    for rank in (0, 1):
+        theirs, mine = upstream.errors[rank], ours.errors[rank]
+        assert theirs["type"] in mine["mro"], f"rank {rank}: {mine['mro']} lacks {theirs['type']}"
+        assert "CheckpointRestoreError" in mine["mro"], mine["mro"]
+        assert "rank 0" in mine["message"], mine["message"]
+    assert Path(saved["ckpt"]).read_bytes() == before
+
+
+def test_strategy_overriding_load_warns_once_and_loads_as_upstream(tmp_path: Path, saved: dict[str, str]) -> None:
+    """A DDP strategy that overrides `load_checkpoint` gets one warning and upstream's load, with no turns."""
+    common = {"action": "load", "ckpt_path": saved["ckpt"], "strategy": "ddp_overriding_load"}
+    upstream = _ok({**common, "fabric": "upstream", "out": str(tmp_path / "upstream")})
+    result = _run({**common, "fabric": "ours", "out": str(tmp_path / "ours")})
+    assert result.returncode == 0 and not result.errors, result.output[-4000:]
+    _assert_same_end_state(result.ranks, upstream, ("params", "optimizer", "scheduler", "counter", "remainder"))
+    assert result.output.count("has no effect with DDPOverridingLoad: it overrides load_checkpoint") == 1
+    assert not turn_intervals(result.ranks)
+
+
+def test_single_process_raises_the_original_exception_and_bad_values_are_refused(tmp_path: Path) -> None:
+    """One process: the original exception, unchanged; a bad option value: a ValueError naming Fabric."""
+    from lightning_fabric import Fabric as UpstreamFabric
+
+    from serialized_restore.fabric import Fabric
+
+    with pytest.raises(ValueError, match=r"`Fabric\(serialized_checkpoint_loading=0\)` is not supported"):
+        Fabric(accelerator="cpu", devices=1, serialized_checkpoint_loading=0)
+    missing = str(tmp_path / "missing.ckpt")
+    errors = []
+    for fabric in (
+        UpstreamFabric(accelerator="cpu", devices=1),
+        Fabric(accelerator="cpu", devices=1, serialized_checkpoint_loading=True),
+    ):
+        with pytest.raises(FileNotFoundError) as info:
+            fabric.load(missing, {"model": torch.nn.Linear(2, 2)})
+        errors.append((type(info.value), str(info.value)))
+    assert errors[0] == errors[1]
