@@ -3,9 +3,10 @@
 #
 # Downloads the lightning sdist of the version pinned in requirements/ci.txt, checks that upstream/*.patch is what
 # upstream/make_patch.py produces from the package now, applies the patch to the fresh sdist, installs the patched
-# tree into a throwaway virtual environment without the add-on, and runs the patch's own tests and the core restore
-# tests of tests/test_restore.py against the patched `lightning.pytorch.Trainer`. An unreachable package index fails
-# the step; nothing is skipped.
+# tree into a throwaway virtual environment without the add-on, lints the files the patch touches with Lightning's
+# ruff (upstream/lint-requirements.txt) and configuration (the sdist's pyproject.toml), and runs the patch's own
+# tests and the core restore tests of tests/test_restore.py against the patched `lightning.pytorch.Trainer`. An
+# unreachable package index fails the step; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -62,6 +63,15 @@ git -C "$TREE" init --quiet
 git -C "$TREE" apply --check "$PWD/upstream/serialized-checkpoint-loading.patch"
 git -C "$TREE" apply "$PWD/upstream/serialized-checkpoint-loading.patch"
 rm -rf "$TREE/.git"
+
+step "Lightning's ruff and its configuration on the files the patch touches"
+"$VPY" -m pip install --quiet --no-compile -r upstream/lint-requirements.txt || fail "could not install Lightning's ruff"
+mapfile -t TOUCHED < <(sed -n 's|^+++ b/\(.*\.py\)$|\1|p' upstream/serialized-checkpoint-loading.patch)
+[ "${#TOUCHED[@]}" -gt 0 ] || fail "the patch touches no Python file"
+(cd "$TREE" && "$WORK/venv/bin/ruff" check --config pyproject.toml --no-cache "${TOUCHED[@]}") \
+  || fail "Lightning's ruff rules flag the patched files"
+(cd "$TREE" && "$WORK/venv/bin/ruff" format --config pyproject.toml --no-cache --check "${TOUCHED[@]}") \
+  || fail "Lightning's ruff format would change the patched files"
 
 step "install the patched tree"
 "$VPY" -m pip install --quiet --no-compile "$TREE" || fail "could not install the patched lightning tree"

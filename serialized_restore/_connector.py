@@ -32,7 +32,7 @@ import atexit
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -86,18 +86,18 @@ class _Restore:
 
     path: Any
     how: RestorePath
-    weights_only: Optional[bool]
+    weights_only: bool | None
     fitting: bool
-    schedule: Optional[TurnSchedule] = None
+    schedule: TurnSchedule | None = None
     """Stage 1's schedule, taken by stage 2 (``TURNS`` only); ``None`` once stage 2 started or after a failure."""
-    local_copy: Optional[NodeLocalCopy] = None
+    local_copy: NodeLocalCopy | None = None
     """The node's private copy of a remote checkpoint, removed once every rank ended stage 2."""
     reading: bool = False
     """Inside stage 1's ``resume_start``: read with this restore's reader, not upstream's."""
-    loaded: Optional[LoadedCheckpoint] = None
+    loaded: LoadedCheckpoint | None = None
     """How stage 1 read the file (the dict itself lives in ``_loaded_checkpoint``, as upstream)."""
     optimizer_source: OptimizerSource = OptimizerSource.IN_DICT
-    fingerprint: Optional[_Fingerprint] = None
+    fingerprint: _Fingerprint | None = None
     """Of the eagerly read optimizer state before the hooks ran, until stage 1's turn ends."""
     failed: bool = False
 
@@ -123,7 +123,7 @@ class _SerializedCheckpointConnectorMixin:
     def __init__(self, trainer: Any, options: RestoreOptions) -> None:
         super().__init__(trainer)  # type: ignore[call-arg]
         self._options = options
-        self._restore: Optional[_Restore] = None
+        self._restore: _Restore | None = None
         self._warned_strategies: set[type] = set()
         flavour = flavour_of(self)
         self._log = logging.getLogger(f"{flavour.pytorch}.serialized_restore")
@@ -136,7 +136,7 @@ class _SerializedCheckpointConnectorMixin:
 
     # ------------------------------------------------------------- stage 1
 
-    def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, weights_only: Optional[bool] = None) -> None:
+    def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
         """(all ranks) Stage 1 in turns: read, hooks, weights, datamodule, callbacks; then free the rest.
 
         Memory: a rank reads in its turn (memory-mapped: nothing private but the dict's containers; eager: about S)
@@ -221,7 +221,7 @@ class _SerializedCheckpointConnectorMixin:
         finally:
             restore.reading = False
 
-    def resume_start(self, checkpoint_path: Any = None, weights_only: Optional[bool] = None) -> None:
+    def resume_start(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
         """Upstream's ``resume_start``, except inside a serialized restore's stage 1: then read with the restore's
         reader (in the rank's turn), or through FSDP's full-checkpoint path."""
         restore = self._restore
@@ -274,10 +274,13 @@ class _SerializedCheckpointConnectorMixin:
         Memory: for fit, a rank's private memory grows by the optimizer state its optimizers keep (copied out of
         the mapping after ``load_state_dict``, so a sharded optimizer's rank copies only its shard and GPU state
         is no host copy at all; or read again, eagerly); the rest of the cached dict is dropped at the end of
-        its turn. The stage runs in turns only where it allocates memory it then frees: when the optimizer state is
-        read again. Otherwise (memory-mapped, where every byte copied is one the optimizers keep; or outside
-        ``fit``, where the cached dict holds neither weights nor optimizer state by now) the ranks of a node run it
-        at once (``ordered=False``: failures still reach every rank).
+        its turn. The stage runs in turns where it may allocate memory it then frees: when the optimizer state is
+        read again, and when an optimizer's ``load_state_dict`` is not torch's own (a ``ZeroRedundancyOptimizer`` or
+        fairscale ``OSS`` copies the state it is given before keeping its shard). Otherwise (memory-mapped, torch's
+        ``load_state_dict``, which keeps the given tensors or moves them to the parameter's device, so that every
+        byte copied is one the optimizers keep; or outside ``fit``, where the cached dict holds neither weights nor
+        optimizer state by now) the ranks of a node run it at once (``ordered=False``: failures still reach every
+        rank).
         """
         restore = self._restore
         schedule = restore.schedule if restore is not None else None
@@ -286,7 +289,10 @@ class _SerializedCheckpointConnectorMixin:
             return
         restore.schedule = None
         try:
-            in_turns = restore.fitting and restore.optimizer_source is OptimizerSource.READ_AGAIN
+            in_turns = restore.fitting and (
+                restore.optimizer_source is OptimizerSource.READ_AGAIN
+                or not _load_in_place(self.trainer.optimizers)
+            )
             with schedule.turn(STAGE_TRAINING_STATE, ordered=in_turns, logged=restore.fitting) as record:
                 mapped = self._prepare_optimizer_states(restore, record)
                 try:
@@ -440,3 +446,40 @@ class _Fingerprint:
             out.append(value)
         else:
             out.append(("object", id(value)))
+
+
+def _load_in_place(optimizers: list[Any]) -> bool:
+    """Whether every optimizer's ``load_state_dict`` is torch's own, which keeps each given state tensor (or a copy
+    of it on the parameter's device or in its dtype) and allocates nothing it frees again."""
+    return all(type(optimizer).load_state_dict is torch.optim.Optimizer.load_state_dict for optimizer in optimizers)
+
+
+def disable_checkpoint_callbacks(trainer: Any) -> None:
+    """(each rank, a restore failed half-way) Keep checkpoint callbacks from saving the partly restored model while
+    Lightning handles the exception (its ``on_exception`` hooks).
+
+    Only the callbacks that can save in ``on_exception`` are removed from ``trainer.callbacks`` (a ``ModelCheckpoint``
+    with ``save_on_exception=True``, an ``OnExceptionCheckpoint``, or any checkpoint callback that overrides
+    ``on_exception``), with one warning naming them: for all others, and so by default, nothing changes.
+    """
+    flavour = flavour_of(trainer)
+    checkpoint_cls = flavour.import_("callbacks", "Checkpoint")
+    model_checkpoint_cls = flavour.import_("callbacks", "ModelCheckpoint")
+    callback_cls = flavour.import_("callbacks", "Callback")
+
+    def saves_on_exception(callback: Any) -> bool:
+        own = type(callback).on_exception
+        if own is callback_cls.on_exception:
+            return False
+        if own is model_checkpoint_cls.on_exception:
+            return bool(getattr(callback, "save_on_exception", False))
+        return True
+
+    disabled = [cb for cb in trainer.callbacks if isinstance(cb, checkpoint_cls) and saves_on_exception(cb)]
+    if not disabled:
+        return
+    trainer.callbacks = [cb for cb in trainer.callbacks if cb not in disabled]
+    flavour.import_("utilities.rank_zero", "rank_zero_warn")(
+        f"The checkpoint restore failed, so {', '.join(type(cb).__name__ for cb in disabled)} will not save a"
+        " checkpoint of the partly restored model."
+    )

@@ -12,7 +12,6 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Optional
 
 from serialized_restore._errors import RankFailure, malformed_report
 from serialized_restore._options import HEARTBEAT_TIMEOUT_ENV, TURN_TIMEOUT_ENV
@@ -28,7 +27,7 @@ class Where:
     frames: list[tuple[str, int, str, str]]
 
     @property
-    def collective(self) -> Optional[str]:
+    def collective(self) -> str | None:
         """The ``torch.distributed`` function the thread is blocked in, if any."""
         run = self._distributed_run()
         return self.frames[run[1]][2] if run is not None else None
@@ -51,7 +50,7 @@ class Where:
                 lines.append(f"      {source}")
         return "\n".join(lines)
 
-    def _distributed_run(self) -> Optional[tuple[int, int]]:
+    def _distributed_run(self) -> tuple[int, int] | None:
         """The innermost run of frames in ``torch.distributed``: its first frame and its public function's frame."""
         first = None
         for i in range(len(self.frames) - 1, -1, -1):
@@ -68,7 +67,7 @@ class Where:
         return first, api
 
     @classmethod
-    def of_thread(cls, ident: int) -> Optional[Where]:
+    def of_thread(cls, ident: int) -> Where | None:
         frame = sys._current_frames().get(ident)
         if frame is None:
             return None
@@ -149,7 +148,7 @@ def timeout_failures(
     logs: dict[int, NodeLog],
     arrived: dict[tuple[int, int], int],
     wheres: dict[tuple[int, int], Where],
-    now: Optional[float] = None,
+    now: float | None = None,
 ) -> list[RankFailure]:
     """The ranks to blame when nothing moved for longer than the turn timeout, among the nodes in ``logs``: those
     inside their turn, else those that have not arrived, else the observer itself.

@@ -8,7 +8,7 @@ import sys
 import traceback
 import zipfile
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 # a rank of this kind will not take part in the rest of the restore: others stop waiting for it
 GONE_KINDS = ("died", "unresponsive", "timeout", "store lost")
@@ -25,8 +25,8 @@ class RankFailure:
 
     global_rank: int
     """The rank that failed."""
-    node_rank: Optional[int]
-    local_rank: Optional[int]
+    node_rank: int | None
+    local_rank: int | None
     stage: str
     kind: str
     """``"exception"`` (raised on the failing rank), ``"died"`` (its process exited), ``"unresponsive"`` (no
@@ -35,7 +35,7 @@ class RankFailure:
     could not be read (``global_rank`` is then -1)."""
     message: str
     traceback: str = ""
-    reported_by: Optional[int] = None
+    reported_by: int | None = None
     """The rank that noticed the failure, when it is not the failing rank."""
     error_types: tuple[str, ...] = ()
     """For ``kind="exception"``: the exception's class and its bases as ``"module:qualname"``, most derived first, so
@@ -151,7 +151,7 @@ def restore_error(
     checkpoint_path: str,
     failures: list[RankFailure],
     observed_on: int,
-    own: Optional[BaseException] = None,
+    own: BaseException | None = None,
 ) -> CheckpointRestoreError:
     """The error a rank raises once a serialized restore failed: a :class:`CheckpointRestoreError` that is also an
     instance of every original exception type among ``failures`` (in rank order) that this process can name.
@@ -165,12 +165,13 @@ def restore_error(
         if failure.kind != "exception":
             continue
         if own is not None and failure.global_rank == observed_on and failure.reported_by is None:
-            cls: Optional[type[BaseException]] = type(own)
+            cls: type[BaseException] | None = type(own)
         else:
             cls = _resolve(failure.error_types)
-        if cls is not None and issubclass(cls, Exception) and not issubclass(cls, CheckpointRestoreError):
-            if cls not in bases:
-                bases.append(cls)
+        if cls is None or not issubclass(cls, Exception) or issubclass(cls, CheckpointRestoreError):
+            continue
+        if cls not in bases:
+            bases.append(cls)
     return _rebuild(tuple(bases), checkpoint_path, merged, observed_on)
 
 
@@ -212,7 +213,7 @@ def _type_names(cls: type) -> tuple[str, ...]:
     )
 
 
-def _resolve(names: tuple[str, ...]) -> Optional[type[BaseException]]:
+def _resolve(names: tuple[str, ...]) -> type[BaseException] | None:
     """The first of ``names`` that names an exception class in a module this process has already imported."""
     for name in names:
         module_name, _, qualname = name.partition(":")
@@ -289,7 +290,7 @@ def failure_from_exception(rank: Any, stage: str, err: BaseException, checkpoint
     )
 
 
-def explain_failure(checkpoint_path: str, err: BaseException) -> Optional[str]:
+def explain_failure(checkpoint_path: str, err: BaseException) -> str | None:
     """What a failed load most likely means, in words, when a cheap look at the file or the exception tells.
 
     (the rank whose turn failed, once) Reads at most the file's first bytes, the end of its zip archive and the
@@ -314,7 +315,7 @@ def explain_failure(checkpoint_path: str, err: BaseException) -> Optional[str]:
     return None
 
 
-def _file_problem(path: str) -> Optional[str]:
+def _file_problem(path: str) -> str | None:
     if "://" in path and not path.startswith("file://"):
         return None  # remote: a look would cost a read
     local = path[len("file://") :] if path.startswith("file://") else path
@@ -348,7 +349,7 @@ def _file_problem(path: str) -> Optional[str]:
     )
 
 
-def _archive_problem(path: str, local: str) -> Optional[str]:
+def _archive_problem(path: str, local: str) -> str | None:
     try:
         with zipfile.ZipFile(local) as archive:
             for info in archive.infolist():

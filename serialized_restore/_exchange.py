@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from serialized_restore._diagnosis import parse_reports, store_lost_failure
 from serialized_restore._errors import GONE_KINDS, CheckpointRestoreError, RankFailure, restore_error
@@ -89,7 +89,7 @@ class Exchange:
         self._monitor = monitor
         self._log = logger
 
-    def abort(self, own: list[RankFailure], raised: Optional[BaseException] = None) -> CheckpointRestoreError:
+    def abort(self, own: list[RankFailure], raised: BaseException | None = None) -> CheckpointRestoreError:
         """(main thread) Post ``own`` failures, gather everyone's, and build the error this rank raises."""
         view, keys, rank = self._view, self._keys, self._p.global_rank
         try:
@@ -120,7 +120,7 @@ class Exchange:
                 self._view.set(self._keys.all_acked, "1")
 
     def store_lost(
-        self, own: list[RankFailure], err: BaseException, raised: Optional[BaseException] = None
+        self, own: list[RankFailure], err: BaseException, raised: BaseException | None = None
     ) -> CheckpointRestoreError:
         """The error to raise once the store is gone: what this rank read before, its own failures, and the loss of
         the store itself when nothing else explains it."""
@@ -130,9 +130,8 @@ class Exchange:
         return restore_error(self._path, failures, self._p.global_rank, raised)
 
     def _await(self, key: str, bound: float) -> None:
-        with self._monitor.releasing(key, after=bound + _RELEASE_MARGIN):
-            with contextlib.suppress(StoreTimeout):
-                self._view.get(key)
+        with self._monitor.releasing(key, after=bound + _RELEASE_MARGIN), contextlib.suppress(StoreTimeout):
+            self._view.get(key)
 
     def _gather(self) -> list[RankFailure]:
         """(the coordinator) Until every rank acknowledged or is gone, at most ``_GATHER_GRACE``; then release."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
@@ -71,15 +71,15 @@ class SerializedFabricMixin:
     def load(
         self,
         path: Any,
-        state: Optional[dict[str, Any]] = None,
+        state: dict[str, Any] | None = None,
         strict: bool = True,
         *,
-        weights_only: Optional[bool] = None,
+        weights_only: bool | None = None,
     ) -> dict[str, Any]:
         with self._loading_in_turns():
             return super().load(path, state, strict, weights_only=weights_only)  # type: ignore[misc]
 
-    def load_raw(self, path: Any, obj: Any, strict: bool = True, *, weights_only: Optional[bool] = None) -> None:
+    def load_raw(self, path: Any, obj: Any, strict: bool = True, *, weights_only: bool | None = None) -> None:
         with self._loading_in_turns():
             return super().load_raw(path, obj, strict, weights_only=weights_only)  # type: ignore[misc]
 
@@ -96,7 +96,7 @@ class SerializedFabricMixin:
         upstream = strategy.load_checkpoint
 
         def load_checkpoint(
-            path: Any, state: Any = None, strict: bool = True, weights_only: Optional[bool] = None
+            path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
         ) -> dict[str, Any]:
             return self._load_in_turn(upstream, path, state, strict, weights_only)
 
@@ -229,7 +229,7 @@ class _AlreadyRead:
     def __init__(self, checkpoint: Any) -> None:
         self._checkpoint: Any = checkpoint
 
-    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Optional[bool] = None) -> Any:
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> Any:
         checkpoint, self._checkpoint = self._checkpoint, None
         assert checkpoint is not None, "the checkpoint was read once already"
         return checkpoint

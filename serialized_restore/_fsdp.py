@@ -29,7 +29,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from serialized_restore._flavour import flavour_of
 from serialized_restore._readers import load_mmap, local_path, path_unmappable_reason
@@ -45,7 +45,7 @@ def fsdp_strategy_class(strategy: Any) -> Any:
     return flavour_of(strategy).import_("strategies", "FSDPStrategy")
 
 
-def checkpoint_kind(strategy: Any, path: Any) -> tuple[Optional[str], str]:
+def checkpoint_kind(strategy: Any, path: Any) -> tuple[str | None, str]:
     """``(FULL, "")`` for a full checkpoint this module can restore, ``(SHARDED, "")`` for a sharded one, else
     ``(None, why)``: upstream's code then restores (or rejects) the path as it always does."""
     local = local_path(path)
@@ -58,7 +58,7 @@ def checkpoint_kind(strategy: Any, path: Any) -> tuple[Optional[str], str]:
 
 
 def load_full_checkpoint(
-    strategy: Any, path: Any, weights_only: Optional[bool], fitting: bool, schedule: TurnSchedule
+    strategy: Any, path: Any, weights_only: bool | None, fitting: bool, schedule: TurnSchedule
 ) -> dict[str, Any]:
     """(all ranks together) ``FSDPStrategy.load_checkpoint`` for a full checkpoint, with the file memory-mapped and
     every rank copying only its shard of the optimizer state. Returns the checkpoint dict without ``state_dict``.
@@ -147,7 +147,7 @@ def release_freed_memory() -> None:
 
 
 @functools.cache
-def _malloc_trim() -> Optional[Callable[[int], int]]:
+def _malloc_trim() -> Callable[[int], int] | None:
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):

@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from serialized_restore._diagnosis import Where, gone_failure, timeout_failures
 from serialized_restore._errors import RankFailure
@@ -156,7 +156,7 @@ class PeerWatch:
         """Forget heartbeat observations: between stages nobody beats."""
         self._beats.clear()
 
-    def exited(self, now: Optional[float] = None, within: float = 0.0) -> list[int]:
+    def exited(self, now: float | None = None, within: float = 0.0) -> list[int]:
         """Peers on this machine whose process is gone (as seen at most ``within`` seconds before ``now``)."""
         now = time.monotonic() if now is None else now
         return sorted(
@@ -187,10 +187,10 @@ class _Wait:
     """``"turn"`` (for the predecessor's end), ``"end"`` (for the stage's end), ``"release"`` (an exchange wait)."""
     key: str
     since: float
-    predecessor: Optional[int] = None
+    predecessor: int | None = None
     release_at: float = 0.0
     next_check: float = 0.0
-    last_progress: Optional[int] = None
+    last_progress: int | None = None
     last_change: float = 0.0
     timed_out: bool = False
     released: bool = False
@@ -225,8 +225,8 @@ class Monitor:
         self._nodes = max(1, placement.world_size // placement.local_world_size)
         self._lock = threading.Lock()
         self._stopped = threading.Event()
-        self._turn_started: Optional[float] = None
-        self._wait: Optional[_Wait] = None
+        self._turn_started: float | None = None
+        self._wait: _Wait | None = None
         self._reports: list[RankFailure] = []
         self._reported: set[int] = set()
         self._copied = False
@@ -238,7 +238,7 @@ class Monitor:
         self._next_identity = now
         self._next_where = self._next_closed = 0.0
         self._main = threading.get_ident()
-        self._runner: Optional[_MonitorThread] = None
+        self._runner: _MonitorThread | None = None
         watch.new_stage()
 
     @property
@@ -275,7 +275,7 @@ class Monitor:
             self._turn_started = None
 
     @contextlib.contextmanager
-    def waiting(self, kind: str, key: str, predecessor: Optional[int] = None) -> Iterator[None]:
+    def waiting(self, kind: str, key: str, predecessor: int | None = None) -> Iterator[None]:
         """While the main thread blocks on ``key``: re-check what it waits for, post a timeout."""
         now = time.monotonic()
         with self._set_wait(_Wait(kind, key, now, predecessor, next_check=now + self._recheck, last_change=now)):
@@ -356,7 +356,7 @@ class Monitor:
                     raw = self._view.get_if_set(key)
                     if raw is not None:
                         watch.learn(local, Identity.from_json(raw))
-        gone: dict[int, tuple[bool, float]] = {local: (True, 0.0) for local in watch.exited(now, self._tick / 2)}
+        gone: dict[int, tuple[bool, float]] = dict.fromkeys(watch.exited(now, self._tick / 2), (True, 0.0))
         if now >= self._next_beats_read and watch.identities:
             self._next_beats_read = now + self._beat_every
             peers = sorted(watch.identities)
@@ -410,7 +410,7 @@ class Monitor:
         if now < wait.next_check:
             return
         wait.next_check = now + self._recheck
-        node_log: Optional[NodeLog] = None
+        node_log: NodeLog | None = None
         if wait.kind == "turn":
             node_log = self._node_log()
             progress = node_log.events
@@ -432,7 +432,7 @@ class Monitor:
             if failures:
                 post_failures(view, keys, failures, self._wake_keys)
 
-    def _diagnose(self, wait: _Wait, idle: float, node_log: Optional[NodeLog]) -> list[RankFailure]:
+    def _diagnose(self, wait: _Wait, idle: float, node_log: NodeLog | None) -> list[RankFailure]:
         """The timeout failures to post: for the own node when waiting for a predecessor; for every unfinished node
         when waiting for the stage to end, by the one rank that claims the diagnosis."""
         p, keys, view = self._p, self._keys, self._view
@@ -482,7 +482,7 @@ class Monitor:
 class _MonitorThread:
     """The daemon thread that runs every :class:`Monitor` of this process, each every ``monitor.tick`` seconds."""
 
-    _current: Optional[_MonitorThread] = None
+    _current: _MonitorThread | None = None
     _create_lock = threading.Lock()
     stuck_after = 60.0
     """Seconds one step may take before the thread counts as not running (a store operation that never answers):
@@ -492,7 +492,7 @@ class _MonitorThread:
         self._pid = os.getpid()
         self._cond = threading.Condition()
         self._due: dict[Monitor, float] = {}
-        self._stepping: Optional[Monitor] = None
+        self._stepping: Monitor | None = None
         self._step_started = 0.0
         self._thread = threading.Thread(target=self._run, name="serialized-restore-monitor", daemon=True)
         self._thread.start()

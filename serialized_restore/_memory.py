@@ -73,10 +73,7 @@ def plan_auto(checkpoint_size: int, reader: str, local_world_size: int) -> AutoP
         available, source = override, AVAILABLE_MEMORY_ENV
     else:
         available, source = int(psutil.virtual_memory().available), "psutil"
-    if reader == "eager":
-        need = checkpoint_size
-    else:
-        need = math.ceil(MMAP_PRIVATE_FRACTION * checkpoint_size)
+    need = checkpoint_size if reader == "eager" else math.ceil(MMAP_PRIVATE_FRACTION * checkpoint_size)
     usable = available * (1 - SAFETY_MARGIN)
     k = local_world_size if need == 0 else min(local_world_size, int(usable // need))
     return AutoPlan(max(k, 0), local_world_size, available, source, checkpoint_size, reader, need)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Literal
 
 TURN_TIMEOUT_ENV = "SERIALIZED_RESTORE_TURN_TIMEOUT"
 HEARTBEAT_TIMEOUT_ENV = "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT"
@@ -55,11 +55,11 @@ class SerializedLoading:
         ValueError: a field out of range, naming it and what is accepted.
     """
 
-    max_concurrent: Union[int, Literal["auto"]] = 1
+    max_concurrent: int | Literal["auto"] = 1
     reader: Literal["auto", "mmap", "eager"] = "auto"
     turn_timeout: float = DEFAULT_TURN_TIMEOUT
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
-    tmpdir: Optional[str] = None
+    tmpdir: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_concurrent != AUTO and _positive_int(self.max_concurrent) is None:
@@ -86,11 +86,11 @@ class RestoreOptions:
 
     value: object
     """What the user passed, as given: ``trainer.serialized_checkpoint_loading`` returns it."""
-    max_concurrent: Optional[int]
+    max_concurrent: int | None
     turn_timeout: float = DEFAULT_TURN_TIMEOUT
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     reader: str = "auto"
-    tmpdir: Optional[str] = None
+    tmpdir: str | None = None
     auto: bool = False
 
     @property
@@ -119,7 +119,7 @@ class RestoreOptions:
         )
 
 
-def _settings(value: object, owner: str) -> Optional[SerializedLoading]:
+def _settings(value: object, owner: str) -> SerializedLoading | None:
     """The :class:`SerializedLoading` that ``value`` stands for; ``None`` for ``False``."""
     if isinstance(value, SerializedLoading):
         return value
@@ -137,7 +137,7 @@ def _settings(value: object, owner: str) -> Optional[SerializedLoading]:
     )
 
 
-def _positive_int(value: object) -> Optional[int]:
+def _positive_int(value: object) -> int | None:
     # bool is not a count; integer types such as numpy.int64 are accepted through __index__
     if isinstance(value, (bool, float, str)) or not hasattr(value, "__index__"):
         return None
@@ -167,7 +167,7 @@ def _reader_env(default: str) -> str:
     return raw
 
 
-def available_memory_override() -> Optional[int]:
+def available_memory_override() -> int | None:
     """Bytes of host memory to assume available for ``"auto"``, from ``SERIALIZED_RESTORE_AVAILABLE_MEMORY``."""
     raw = os.environ.get(AVAILABLE_MEMORY_ENV, "").strip()
     if not raw:

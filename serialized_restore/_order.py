@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -14,11 +13,11 @@ class TurnOrder:
     local_world_size: int
     max_concurrent: int
 
-    def predecessor(self, local: int) -> Optional[int]:
+    def predecessor(self, local: int) -> int | None:
         before = local - self.max_concurrent
         return before if before >= 0 else None
 
-    def successor(self, local: int) -> Optional[int]:
+    def successor(self, local: int) -> int | None:
         after = local + self.max_concurrent
         return after if after < self.local_world_size else None
 
@@ -45,7 +44,7 @@ class NodeLog:
         return f"end {local} {duration:.6f} {int(moved)} {int(private)}\n"
 
     @classmethod
-    def parse(cls, text: Optional[str]) -> NodeLog:
+    def parse(cls, text: str | None) -> NodeLog:
         log = cls()
         for line in (text or "").splitlines():
             parts = line.split()

@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
@@ -40,7 +40,7 @@ class LoadedCheckpoint:
     bytes_read: int
 
 
-def local_path(path: Any) -> Optional[str]:
+def local_path(path: Any) -> str | None:
     """The checkpoint's path on the local file system, or ``None`` for a URL or a file-like object."""
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
@@ -53,14 +53,14 @@ def local_path(path: Any) -> Optional[str]:
     return path
 
 
-def _file_size(path: Optional[str]) -> int:
+def _file_size(path: str | None) -> int:
     try:
         return os.path.getsize(path) if path is not None else 0
     except OSError:
         return 0
 
 
-def path_unmappable_reason(path: Any) -> Optional[str]:
+def path_unmappable_reason(path: Any) -> str | None:
     """Why ``path`` cannot be memory-mapped, or ``None`` if it can: it must be a local file in torch's zip format."""
     local = local_path(path)
     if local is None:
@@ -73,7 +73,7 @@ def path_unmappable_reason(path: Any) -> Optional[str]:
     return None
 
 
-def mmap_unsupported_reason(strategy: Any, path: Any) -> Optional[str]:
+def mmap_unsupported_reason(strategy: Any, path: Any) -> str | None:
     """Why ``path`` cannot be memory-mapped for ``strategy``, or ``None`` if it can."""
     checkpoint_io = strategy.checkpoint_io
     stock = flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True)
@@ -82,7 +82,7 @@ def mmap_unsupported_reason(strategy: Any, path: Any) -> Optional[str]:
     return path_unmappable_reason(path)
 
 
-def load_mmap(path: Any, map_location: Any, weights_only: Optional[bool]) -> Any:
+def load_mmap(path: Any, map_location: Any, weights_only: bool | None) -> Any:
     """``torch.load`` of a local zip checkpoint, memory-mapped; ``map_location`` and ``weights_only`` as given."""
     local = local_path(path)
     assert local is not None
@@ -106,7 +106,7 @@ class MmapCheckpointIOMixin:
         self,
         path: Any,
         map_location: Any = lambda storage, loc: storage,
-        weights_only: Optional[bool] = None,
+        weights_only: bool | None = None,
     ) -> dict[str, Any]:
         # on global rank zero, through Lightning's logger: shown where Lightning's own INFO lines are
         info = flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=True)
@@ -138,7 +138,7 @@ def _accept_in_every_imported_flavour(cls: type) -> None:
             base.register(cls)
 
 
-def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, Optional[str]]:
+def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, str | None]:
     """The one rule for how a rank reads ``path``: ``("mmap", None)`` where ``requested`` (``"auto"``, ``"mmap"``
     or ``"eager"``) allows it and the file can be memory-mapped for ``strategy``, else ``("eager", why)``, ``why``
     being ``None`` when eager reading was requested. ``"auto"``'s memory estimate uses it before anything is read."""
@@ -151,10 +151,10 @@ def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, Option
 def read_checkpoint(
     strategy: Any,
     path: Any,
-    weights_only: Optional[bool],
+    weights_only: bool | None,
     reader: str,
     logger: logging.Logger = log,
-    read_eagerly: Optional[Callable[..., Any]] = None,
+    read_eagerly: Callable[..., Any] | None = None,
 ) -> LoadedCheckpoint:
     """(one rank, inside its turn) Read the whole checkpoint with the reader ``choose_reader`` picks.
 

@@ -19,7 +19,7 @@ import os
 import shutil
 import stat
 import tempfile
-from typing import Any, Optional
+from typing import Any
 
 from serialized_restore._memory import format_bytes
 from serialized_restore._options import TMPDIR_ENV
@@ -84,13 +84,13 @@ class NodeLocalCopy:
     (:meth:`checked_path`).
     """
 
-    def __init__(self, url: Any, directory: Optional[str] = None, logger: logging.Logger = log) -> None:
+    def __init__(self, url: Any, directory: str | None = None, logger: logging.Logger = log) -> None:
         self.url = str(url)
         self._log = logger
         self.directory = os.path.abspath(directory or fetch_directory())
-        self.path: Optional[str] = None
+        self.path: str | None = None
         self._size = 0
-        self._private: Optional[str] = None
+        self._private: str | None = None
         """The directory this process created; only this is ever removed."""
 
     def fetch(self) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime
 import threading
-from typing import Any, Optional
+from typing import Any
 
 import torch.distributed as dist
 
@@ -68,7 +68,7 @@ class StoreView:
         """The value of ``key``; blocks until it is set (up to the connection's backstop timeout)."""
         return _text(self._call("get", key))
 
-    def get_if_set(self, key: str) -> Optional[str]:
+    def get_if_set(self, key: str) -> str | None:
         """The value of ``key``, or ``None`` if it is not set; never blocks."""
         return self.get(key) if self.check(key) else None
 

@@ -7,7 +7,7 @@ import inspect
 import typing
 from typing import Any, Callable, ClassVar, Literal, Union
 
-from serialized_restore._flavour import flavour_of
+from serialized_restore._connector import disable_checkpoint_callbacks
 from serialized_restore._options import RestoreOptions, SerializedLoading
 
 try:  # LightningCLI's parser: with it, bad values are refused at parse time with a usage error
@@ -54,41 +54,8 @@ class SerializedRestoreTrainerMixin:
             return super()._run(*args, **kwargs)  # type: ignore[misc]
         except BaseException:
             if self._checkpoint_connector.restore_incomplete:
-                self._disable_checkpoint_callbacks()
+                disable_checkpoint_callbacks(self)
             raise
-
-    def _disable_checkpoint_callbacks(self) -> None:
-        """Keep checkpoint callbacks from saving a half-restored model when Lightning handles the exception.
-
-        Only the callbacks that can save in ``on_exception`` are removed (a ``ModelCheckpoint`` with
-        ``save_on_exception=True``, or a checkpoint callback that overrides ``on_exception``): for all others, and so
-        by default, nothing a user can observe changes.
-        """
-        flavour = flavour_of(self)
-        checkpoint_cls = flavour.import_("callbacks", "Checkpoint")
-        model_checkpoint_cls = flavour.import_("callbacks", "ModelCheckpoint")
-        callback_cls = flavour.import_("callbacks", "Callback")
-
-        def saves_on_exception(cb: Any) -> bool:
-            own = type(cb).on_exception
-            if own is callback_cls.on_exception:
-                return False
-            if own is model_checkpoint_cls.on_exception:
-                return bool(getattr(cb, "save_on_exception", False))
-            return True
-
-        disabled = [
-            cb
-            for cb in self.callbacks
-            if isinstance(cb, checkpoint_cls) and saves_on_exception(cb)  # type: ignore[has-type]
-        ]
-        if not disabled:
-            return
-        self.callbacks = [cb for cb in self.callbacks if cb not in disabled]  # type: ignore[has-type]
-        flavour_of(self).import_("utilities.rank_zero", "rank_zero_warn")(
-            f"The checkpoint restore failed, so {', '.join(type(cb).__name__ for cb in disabled)} will not save a"
-            " checkpoint of the partly restored model."
-        )
 
     @property
     def serialized_checkpoint_loading(self) -> SerializedCheckpointLoading:

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch.distributed as dist
 
@@ -96,7 +96,7 @@ class TurnSchedule:
     def __init__(
         self,
         *,
-        store: Optional[dist.Store],
+        store: dist.Store | None,
         placement: RankPlacement,
         max_concurrent: int,
         checkpoint_path: str,
@@ -112,8 +112,8 @@ class TurnSchedule:
         self.log = logger
         self._order = TurnOrder(placement.local_world_size, self.max_concurrent)
         self._job_store = store if placement.world_size > 1 else None
-        self._main: Optional[StoreView] = None
-        self._monitor_view: Optional[StoreView] = None
+        self._main: StoreView | None = None
+        self._monitor_view: StoreView | None = None
         self._watch = PeerWatch(
             placement.global_rank, placement.local_rank, placement.local_world_size, heartbeat_timeout
         )
@@ -121,7 +121,7 @@ class TurnSchedule:
     # ------------------------------------------------------------------ public
 
     @contextlib.contextmanager
-    def turn(self, stage: str, *, ordered: bool = True, logged: Optional[bool] = None) -> Iterator[TurnRecord]:
+    def turn(self, stage: str, *, ordered: bool = True, logged: bool | None = None) -> Iterator[TurnRecord]:
         """Run the body of the ``with`` block as this rank's turn of ``stage``.
 
         (all ranks) wait for the predecessor on the node -> run the body -> announce the end -> wait for every rank
@@ -212,8 +212,8 @@ class TurnSchedule:
             monitor.stop()
 
     def on_one_rank(
-        self, stage: str, compute: Callable[[], Optional[str]], *, central: bool, per_node: bool = False
-    ) -> Optional[str]:
+        self, stage: str, compute: Callable[[], str | None], *, central: bool, per_node: bool = False
+    ) -> str | None:
         """(all ranks) Run ``compute()`` on one rank and share its result, or its failure, with the others.
 
         ``central`` is true on exactly one rank of the job (of each node with ``per_node``). Every rank takes its
@@ -226,7 +226,7 @@ class TurnSchedule:
         """
         p = self.placement
         key = StageKeys(stage).decision(p.node_rank if per_node else -1)
-        value: Optional[str] = None
+        value: str | None = None
         with self.turn(stage, ordered=False):
             if central:
                 value = compute()

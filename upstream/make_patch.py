@@ -114,6 +114,22 @@ TRAINER_EDITS = [
     ),
 ]
 
+CALL = "src/lightning/pytorch/trainer/call.py"
+# the package's Trainer._run does this before Lightning's handler runs the on_exception hooks; upstream, the handler
+# itself does it
+CALL_EDITS = [
+    (
+        "    trainer.state.status = TrainerStatus.INTERRUPTED\n"
+        '    _call_callback_hooks(trainer, "on_exception", exception)\n',
+        "    trainer.state.status = TrainerStatus.INTERRUPTED\n"
+        "    if trainer._checkpoint_connector.restore_incomplete:\n"
+        "        # a serialized restore failed half-way: no checkpoint callback may save the partly restored model\n"
+        "        from lightning.pytorch.trainer.connectors.serialized_restore import disable_checkpoint_callbacks\n\n"
+        "        disable_checkpoint_callbacks(trainer)\n"
+        '    _call_callback_hooks(trainer, "on_exception", exception)\n',
+    ),
+]
+
 CHANGELOG_ENTRY = (
     "- Added `Trainer(serialized_checkpoint_loading=...)` to restore checkpoints in per-node turns, bounding the host"
     " memory of resuming with DDP ([#9406](https://github.com/Lightning-AI/pytorch-lightning/issues/9406))\n"
@@ -480,7 +496,7 @@ def hand_written_files() -> dict[str, str]:
 
 def build(sdist: Path, version: str) -> tuple[str, str]:
     """The text of both patches."""
-    base = read_sdist(sdist, version, [TRAINER, CHANGELOG])
+    base = read_sdist(sdist, version, [TRAINER, CALL, CHANGELOG])
     new: dict[str, str] = {}
     modules = package_modules()
     for module in modules:
@@ -491,6 +507,7 @@ def build(sdist: Path, version: str) -> tuple[str, str]:
             raise GenerationError(f"upstream/tree/{path} would replace a module generated from the package")
         new[path] = text
     new[TRAINER] = apply_edits(TRAINER, base[TRAINER], TRAINER_EDITS)
+    new[CALL] = apply_edits(CALL, base[CALL], CALL_EDITS)
     new[CHANGELOG] = edit_changelog(base[CHANGELOG])
     for path in new:
         if path.startswith("docs/"):

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
@@ -204,6 +205,33 @@ def test_serialized_checkpoint_loading_single_process_raises_the_default_restore
         raised.append((type(info.value), str(info.value)))
     assert raised[0] == raised[1]
     assert not issubclass(raised[1][0], CheckpointRestoreError)
+
+
+class _TwoGroupsModel(_AdamModel):
+    """Two parameter groups: the optimizer state of a one-group checkpoint fails to load in the second stage."""
+
+    def configure_optimizers(self) -> Any:
+        weight, bias = self.layer.weight, self.layer.bias
+        return torch.optim.Adam([{"params": [weight]}, {"params": [bias]}], lr=0.01)
+
+
+@pytest.mark.parametrize("serialized", [False, True])
+def test_serialized_restore_failing_half_way_saves_no_checkpoint_of_the_partly_restored_model(tmp_path, serialized):
+    """A restore that fails after the weights are restored (the optimizer state does not fit): the default restore
+    lets `ModelCheckpoint(save_on_exception=True)` save the partly restored model; a serialized restore does not."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    dirpath = tmp_path / "on-exception"
+    callback = ModelCheckpoint(dirpath=dirpath, save_on_exception=True)
+    options = {"callbacks": [callback], "enable_checkpointing": True, "serialized_checkpoint_loading": serialized}
+    trainer = _trainer(tmp_path, max_epochs=2, **options)
+    with pytest.raises(ValueError, match="different number of parameter groups"):
+        if serialized:
+            with pytest.warns(UserWarning, match="will not save a checkpoint of the partly restored model"):
+                trainer.fit(_TwoGroupsModel(), ckpt_path=ckpt_path)
+        else:
+            trainer.fit(_TwoGroupsModel(), ckpt_path=ckpt_path)
+    saved = sorted(p.name for p in dirpath.glob("*.ckpt")) if dirpath.exists() else []
+    assert bool(saved) is not serialized, saved
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="gloo process groups on CPU")

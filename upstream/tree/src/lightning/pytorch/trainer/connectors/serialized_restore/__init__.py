@@ -19,7 +19,10 @@ which rank restores when, ``readers.py`` how the bytes are read.
 """
 
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
-from lightning.pytorch.trainer.connectors.serialized_restore.connector import _SerializedCheckpointConnectorMixin
+from lightning.pytorch.trainer.connectors.serialized_restore.connector import (
+    _SerializedCheckpointConnectorMixin,
+    disable_checkpoint_callbacks,
+)
 from lightning.pytorch.trainer.connectors.serialized_restore.errors import CheckpointRestoreError, RankFailure
 from lightning.pytorch.trainer.connectors.serialized_restore.options import RestoreOptions, SerializedLoading
 
@@ -35,4 +38,5 @@ __all__ = [
     "RestoreOptions",
     "SerializedLoading",
     "_SerializedCheckpointConnector",
+    "disable_checkpoint_callbacks",
 ]
