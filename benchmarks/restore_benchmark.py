@@ -766,7 +766,7 @@ def _coverage_paragraph(results: dict[str, Any], modes: list[str]) -> list[str]:
     missing = [m for m in MODES if not any(c["mode"] == m for c in cells)]
     if not trimmed and not missing:
         return []
-    text = "To keep the run within 15 minutes on 2 cores, " if not results.get("quick") else ""
+    text = "To keep the run short on 2 cores, " if not results.get("quick") else ""
     parts = []
     if trimmed:
         parts.append("some modes are measured at some N only: " + ", ".join(trimmed))
@@ -797,7 +797,7 @@ def report(all_results: dict[str, Any], image_dir: str) -> str:
     find = {(c["devices"], c["entry"], c["mode"]): c for c in cells}
     other = statistics.mean(r["other_cpu_seconds"] / r["job_seconds"] for r in runs) if runs else 0.0
     lines = [
-        "# Benchmark: node memory and time of a DDP (and FSDP) restore",
+        "# Benchmark: node memory and time of a restore (DDP, FSDP, sharded optimizers, Fabric)",
         "",
         "Generated, with its plots, by `benchmarks/restore_benchmark.py`; rerun the command below to regenerate"
         " all of it. Every number on this page comes from that one run.",
