@@ -158,7 +158,7 @@ def dataloader(batch_size: int = 8) -> DataLoader:
     return DataLoader(make_data(), batch_size=batch_size, shuffle=False)
 
 
-class _TurnLog(logging.Handler):
+class TurnLog(logging.Handler):
     """Keeps this rank's serialized-restore log lines with their timestamps."""
 
     def __init__(self) -> None:
@@ -226,7 +226,7 @@ def make_writer_class(flavour: str) -> type:
             self.history: list[dict[str, Any]] = []
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-            self.turn_log = _TurnLog()
+            self.turn_log = TurnLog()
             root = "lightning.pytorch" if self.config.get("flavour") == "lightning" else "pytorch_lightning"
             logger = logging.getLogger(f"{root}.serialized_restore")
             logger.addHandler(self.turn_log)

@@ -39,7 +39,7 @@ import torch
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, SHARDED, checkpoint_kind, fsdp_strategy_class, load_full_checkpoint
 from serialized_restore._options import RestoreOptions
-from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size
+from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size, placement_of
 from serialized_restore._readers import LoadedCheckpoint, copy_kept_out_of_mapping, read_checkpoint, storages_of
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
 from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
@@ -290,8 +290,7 @@ class _SerializedCheckpointConnectorMixin:
         restore.schedule = None
         try:
             in_turns = restore.fitting and (
-                restore.optimizer_source is OptimizerSource.READ_AGAIN
-                or not _load_in_place(self.trainer.optimizers)
+                restore.optimizer_source is OptimizerSource.READ_AGAIN or not _load_in_place(self.trainer.optimizers)
             )
             with schedule.turn(STAGE_TRAINING_STATE, ordered=in_turns, logged=restore.fitting) as record:
                 mapped = self._prepare_optimizer_states(restore, record)
@@ -403,14 +402,7 @@ class _SerializedCheckpointConnectorMixin:
         return job_schedule(self._placement(), checkpoint_path, max_concurrent, self._options, self._log)
 
     def _placement(self) -> RankPlacement:
-        trainer = self.trainer
-        return RankPlacement(
-            global_rank=trainer.global_rank,
-            world_size=trainer.world_size,
-            node_rank=trainer.node_rank,
-            local_rank=trainer.local_rank,
-            local_world_size=local_world_size(trainer.strategy),
-        )
+        return placement_of(self.trainer, self.trainer.strategy)
 
 
 class _Fingerprint:

@@ -29,7 +29,7 @@ import torch
 
 from serialized_restore._flavour import flavour_of
 from serialized_restore._options import RestoreOptions
-from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size
+from serialized_restore._plan import decide_max_concurrent, job_schedule, placement_of
 from serialized_restore._readers import (
     LoadedCheckpoint,
     copy_kept_out_of_mapping,
@@ -38,7 +38,6 @@ from serialized_restore._readers import (
     storages_of,
 )
 from serialized_restore._trainer import SerializedCheckpointLoading
-from serialized_restore._turns import RankPlacement
 
 STAGE_LOAD = "load checkpoint"
 STAGE_COPY = "copy what is kept"
@@ -112,7 +111,7 @@ class SerializedFabricMixin:
         """(all ranks) Upstream's ``strategy.load_checkpoint`` in this rank's turn, on the checkpoint read with the
         restore's reader; then, every rank at once, copy what the rank keeps out of the mapping."""
         options, strategy, log = self._serialized_loading, self._strategy, self._serialized_log
-        placement = self._placement()
+        placement = placement_of(self, strategy)
         k = decide_max_concurrent(options, strategy, placement, path, path, log, owner="Fabric")
         schedule = job_schedule(placement, path, k, options, log)
         with schedule.turn(STAGE_LOAD) as record:
@@ -179,16 +178,6 @@ class SerializedFabricMixin:
             containers.append(state)
             optimizers = [obj for obj in state.values() if isinstance(obj, torch.optim.Optimizer)]
         return copy_kept_out_of_mapping(optimizers, mapped) + copy_out_of_mapping(containers, mapped)
-
-    def _placement(self) -> RankPlacement:
-        fabric: Any = self
-        return RankPlacement(
-            global_rank=fabric.global_rank,
-            world_size=fabric.world_size,
-            node_rank=fabric.node_rank,
-            local_rank=fabric.local_rank,
-            local_world_size=local_world_size(self._strategy),
-        )
 
     def _strategy_loads_in_turns(self, strategy: Any) -> bool:
         """Single device and the DDP family, unless a subclass overrides a load method; others warn once."""

@@ -95,3 +95,14 @@ def parse_plan(text: str) -> tuple[int, str]:
 def local_world_size(strategy: Any) -> int:
     """The number of ranks on this node (Trainer and Fabric strategies alike)."""
     return max(1, int(getattr(strategy, "num_processes", 1)))
+
+
+def placement_of(owner: Any, strategy: Any) -> RankPlacement:
+    """Where this process sits in the job, from a ``Trainer`` or a ``Fabric`` (both name the ranks alike)."""
+    return RankPlacement(
+        global_rank=owner.global_rank,
+        world_size=owner.world_size,
+        node_rank=owner.node_rank,
+        local_rank=owner.local_rank,
+        local_world_size=local_world_size(strategy),
+    )

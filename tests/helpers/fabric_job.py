@@ -28,6 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness.models import TurnLog  # noqa: E402
+
 
 def _fabric_class(config: dict[str, Any]) -> Any:
     unified = config.get("flavour") == "lightning"
@@ -60,15 +62,6 @@ def _strategy(config: dict[str, Any]) -> Any:
             return super().load_checkpoint(*args, **kwargs)
 
     return DDPOverridingLoad()
-
-
-class _TurnLog(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
-        self.lines: list[tuple[float, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append((record.created, record.getMessage()))
 
 
 class _Counter:
@@ -115,7 +108,7 @@ def main(config: dict[str, Any]) -> None:
         kwargs["serialized_checkpoint_loading"] = config.get("serialized", True)
     fabric = fabric_class(**kwargs)
     fabric.launch()
-    log = _TurnLog()
+    log = TurnLog()
     root = "lightning.fabric" if config.get("flavour") == "lightning" else "lightning_fabric"
     logger = logging.getLogger(f"{root}.serialized_restore")
     logger.addHandler(log)
