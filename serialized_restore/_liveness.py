@@ -267,7 +267,8 @@ class Monitor:
         now = time.monotonic()
         with self._lock:
             self._turn_started = now
-            self._next_where = now + _WHERE_AFTER
+            # with a short turn timeout, where the body is must be known well before any rank can time it out
+            self._next_where = now + min(_WHERE_AFTER, self._recheck)
             self._next_closed = now + self._recheck
 
     def leave_turn(self) -> None:
@@ -330,7 +331,7 @@ class Monitor:
             turn_started, wait = self._turn_started, self._wait
         if turn_started is not None:
             if now >= self._next_where:
-                self._next_where = now + _WHERE_EVERY
+                self._next_where = now + min(_WHERE_EVERY, self._recheck)
                 where = Where.of_thread(self._main)
                 if where is not None:
                     self._view.set(keys.where(p.node_rank, p.local_rank), where.to_json())
