@@ -32,7 +32,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -48,6 +48,7 @@ from harness.models import (  # noqa: E402
     make_cpu_fsdp_class,
     make_fairscale_sharded_class,
 )
+from harness.processes import file_mappings, in_mappings  # noqa: E402
 from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -122,14 +123,7 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
 
     def __init__(self, width: int, depth: int, run: Optional[dict[str, Any]] = None, zero_init: bool = False) -> None:
         super().__init__()
-        # zero_init: every page of the weights is written (resident) as after a random init, at a tenth of the cost
-        device = "meta" if zero_init else None
-        self.net = torch.nn.Sequential(*[torch.nn.Linear(width, width, device=device) for _ in range(depth)])
-        if zero_init:
-            self.net.to_empty(device="cpu")
-            with torch.no_grad():
-                for parameter in self.net.parameters():
-                    parameter.zero_()
+        self.net = _mlp(width, depth, zero_init)
         self.run = run or {}
 
     def configure_optimizers(self) -> Any:
@@ -157,27 +151,14 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
         self._end_window()
 
     def _mark(self, event: str, **extra: Any) -> None:
-        if not self.run:
-            return
-        line = json.dumps({"rank": self.global_rank, "event": event, "t": time.time(), "pid": os.getpid(), **extra})
-        with open(Path(self.run["out"]) / "markers.jsonl", "a") as f:
-            f.write(line + "\n")
+        if self.run:
+            _mark(Path(self.run["out"]), self.global_rank, event, **extra)
 
     def _end_window(self) -> None:
         if not self.run:
             return
         ended = time.time()
-        tensors = [
-            value
-            for optimizer in self.trainer.optimizers
-            for state in local_optimizer(optimizer).state.values()
-            for value in state.values()
-            if isinstance(value, torch.Tensor) and value.device.type == "cpu"
-        ]
-        # host memory only: state a GPU holds is counted by gpu_bytes
-        optimizer_bytes = sum(t.nbytes for t in tensors)
-        mappings = _file_mappings()
-        mapped_bytes = sum(t.nbytes for t in tensors if _in_mappings(t.data_ptr(), mappings))
+        optimizer_bytes, mapped_bytes = _host_optimizer_state_bytes(self.trainer.optimizers)
         on_gpu = self.device.type == "cuda"
         gpu = {
             "gpu_bytes": torch.cuda.memory_allocated(self.device) if on_gpu else None,
@@ -202,11 +183,9 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
             "global_step": self.trainer.global_step,
             **gpu,
         }
-        (Path(self.run["out"]) / f"rank{self.global_rank}.json").write_text(json.dumps(result))
-        self.trainer.strategy.barrier("restore reports written")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _report_and_exit(
+            Path(self.run["out"]), result, lambda: self.trainer.strategy.barrier("restore reports written")
+        )
 
     def _compare_with_checkpoint(self) -> list[str]:
         """Names of everything restored that differs from the checkpoint (bit for bit); empty when exact."""
@@ -273,20 +252,49 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
         return mismatches
 
 
-def _file_mappings() -> list[tuple[int, int]]:
-    """Address ranges of this process that map a file (``/proc/self/maps`` lines with an inode)."""
-    ranges = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[4] != "0":
-                start, end = fields[0].split("-")
-                ranges.append((int(start, 16), int(end, 16)))
-    return ranges
+def _mlp(width: int, depth: int, zero_init: bool) -> torch.nn.Sequential:
+    """``depth`` square linear layers; ``zero_init``: every page of the weights written (resident) as after a random
+    init, at a tenth of the cost."""
+    device = "meta" if zero_init else None
+    net = torch.nn.Sequential(*[torch.nn.Linear(width, width, device=device) for _ in range(depth)])
+    if zero_init:
+        net.to_empty(device="cpu")
+        with torch.no_grad():
+            for parameter in net.parameters():
+                parameter.zero_()
+    return net
 
 
-def _in_mappings(address: int, ranges: list[tuple[int, int]]) -> bool:
-    return any(start <= address < end for start, end in ranges)
+def _mark(out: Path, rank: int, event: str, **extra: Any) -> None:
+    """Append one marker line (``time.time()`` stamp) to ``<out>/markers.jsonl``."""
+    line = json.dumps({"rank": rank, "event": event, "t": time.time(), "pid": os.getpid(), **extra})
+    with open(out / "markers.jsonl", "a") as f:
+        f.write(line + "\n")
+
+
+def _host_optimizer_state_bytes(optimizers: list[Any]) -> tuple[int, int]:
+    """Bytes of the optimizers' state in host memory (a GPU's is counted by ``gpu_bytes``), and the part of it that
+    still lies in memory-mapped file pages."""
+    tensors = [
+        value
+        for optimizer in optimizers
+        for state in local_optimizer(optimizer).state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu"
+    ]
+    mappings = file_mappings()
+    return sum(t.nbytes for t in tensors), sum(t.nbytes for t in tensors if in_mappings(t.data_ptr(), mappings))
+
+
+def _report_and_exit(out: Path, result: dict[str, Any], barrier: Callable[[], None], linger: float = 0.0) -> None:
+    """Write this rank's ``rank<global rank>.json``, wait for every rank to have written its own, and leave at once:
+    nothing after the window is measured, and teardown and interpreter shutdown would cost seconds per job."""
+    (out / f"rank{result['global_rank']}.json").write_text(json.dumps(result))
+    barrier()
+    time.sleep(linger)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -389,33 +397,18 @@ def fabric_restore(config: dict[str, Any]) -> None:
     fabric = SerializedFabric(serialized_checkpoint_loading=True, **kwargs) if ours else Fabric(**kwargs)
     fabric.launch()
     torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        *[torch.nn.Linear(config["width"], config["width"], device="meta") for _ in range(config["depth"])]
-    )
-    net.to_empty(device="cpu")
-    with torch.no_grad():
-        for parameter in net.parameters():
-            parameter.zero_()
+    net = _mlp(config["width"], config["depth"], zero_init=True)
     model, optimizer = fabric.setup(net, torch.optim.Adam(net.parameters(), lr=1e-3))
-    out = Path(config["out"])
-
-    def mark(event: str, **extra: Any) -> None:
-        line = json.dumps({"rank": fabric.global_rank, "event": event, "t": time.time(), "pid": os.getpid(), **extra})
-        with open(out / "markers.jsonl", "a") as f:
-            f.write(line + "\n")
-
+    out, rank = Path(config["out"]), fabric.global_rank
     if fabric.local_rank == 0:
-        mark("wake")
+        _mark(out, rank, "wake")
     fabric.barrier()
-    mark("start")
+    _mark(out, rank, "start")
     if config.get("ckpt_path"):
         fabric.load(config["ckpt_path"], {"model": model, "optimizer": optimizer, "step": 0})
     ended = time.time()
-    tensors = [v for state in optimizer.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
-    optimizer_bytes = sum(t.nbytes for t in tensors if t.device.type == "cpu")
-    mappings = _file_mappings()
-    mapped_bytes = sum(t.nbytes for t in tensors if t.device.type == "cpu" and _in_mappings(t.data_ptr(), mappings))
-    mark("end", optimizer_state_bytes=optimizer_bytes, optimizer_state_mapped_bytes=mapped_bytes)
+    optimizer_bytes, mapped_bytes = _host_optimizer_state_bytes([optimizer.optimizer])
+    _mark(out, rank, "end", optimizer_state_bytes=optimizer_bytes, optimizer_state_mapped_bytes=mapped_bytes)
     fabric.barrier()
     mismatches: list[str] = []
     if config.get("ckpt_path"):
@@ -441,14 +434,9 @@ def fabric_restore(config: dict[str, Any]) -> None:
         "gpu_bytes": None,
         "gpu_peak_bytes": None,
     }
-    (out / f"rank{fabric.global_rank}.json").write_text(json.dumps(result))
-    fabric.barrier()
     # the window of a job without fabric.load lasts about a millisecond, with no memory sample inside it: the sampler
-    # then takes the samples on either side, and this keeps the ranks (and their memory) alive for the one after
-    time.sleep(0.1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # then takes the samples on either side, and lingering keeps the ranks (and their memory) alive for the one after
+    _report_and_exit(out, result, fabric.barrier, linger=0.1)
 
 
 def main(config: dict[str, Any]) -> None:

@@ -1005,8 +1005,8 @@ def report(all_results: dict[str, Any], image_dir: str) -> str:
                 lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines += _fsdp_section(results, image_dir)
-    lines += _sharded_section(results)
-    lines += _fabric_section(results)
+    for family in FAMILY_SECTIONS:
+        lines += _family_section(results, *family)
     lines += _sizes_section(views, image_dir)
     targets = [] if cfg["quick"] else check_targets_by_size(views)
     if cfg["quick"]:
@@ -1198,32 +1198,30 @@ def _fsdp_section(results: dict[str, Any], image_dir: str) -> list[str]:
     return lines
 
 
-def _sharded_section(results: dict[str, Any]) -> list[str]:
-    """Sharded optimizer state: its modes and one table (fit only)."""
-    intro = (
-        "The same checkpoint (its optimizer state is Adam's, consolidated as a sharded optimizer saves it) resumed"
-        " with `trainer.fit` by optimizers that keep only their rank's shard: torch's `ZeroRedundancyOptimizer`"
-        " under DDP, and fairscale's `OSS` with `ShardedDataParallel` (Lightning 1.x's `ddp_sharded`, the setup of"
-        " the original report, as a Lightning 2.6 strategy: `harness/models.py`). Every rank loads the whole state"
-        " and `load_state_dict` keeps its shard. The *optimizer state kept* is the sum of the ranks' shards, about"
-        " S_opt in all, and *net* is measured against it as for DDP; the ZeRO modes' baseline is the DDP `baseline`,"
-        " the OSS modes' `oss-baseline` (the same fairscale job without a checkpoint). Exactness is checked on every"
-        " rank's weights and on the state of the parameters it owns."
-    )
-    return _family_section(results, SHARDED_MODES, "Sharded optimizer state", intro, "fit")
-
-
-def _fabric_section(results: dict[str, Any]) -> list[str]:
-    """Lightning Fabric: its modes and one table."""
-    intro = (
-        'The same weights and Adam state, saved in the layout `fabric.save(path, {"model": ..., "optimizer":'
-        ' ..., "step": ...})` writes, loaded by `fabric.load(path, {"model": model, "optimizer": optimizer,'
-        " \"step\": 0})` under Fabric's DDP (gloo on CPU, Fabric's own launcher) after `fabric.setup`. The window"
-        " is the `fabric.load` call, from the earliest rank's start to the latest rank's return; the baseline is the"
-        " same program without the call. *Net* is measured against the optimizer state the ranks keep, as for the"
-        " Trainer's fit. Exactness is checked on every rank's weights and optimizer state."
-    )
-    return _family_section(results, FABRIC_MODES, "Lightning Fabric", intro, "load")
+_SHARDED_INTRO = (
+    "The same checkpoint (its optimizer state is Adam's, consolidated as a sharded optimizer saves it) resumed"
+    " with `trainer.fit` by optimizers that keep only their rank's shard: torch's `ZeroRedundancyOptimizer`"
+    " under DDP, and fairscale's `OSS` with `ShardedDataParallel` (Lightning 1.x's `ddp_sharded`, the setup of"
+    " the original report, as a Lightning 2.6 strategy: `harness/models.py`). Every rank loads the whole state"
+    " and `load_state_dict` keeps its shard. The *optimizer state kept* is the sum of the ranks' shards, about"
+    " S_opt in all, and *net* is measured against it as for DDP; the ZeRO modes' baseline is the DDP `baseline`,"
+    " the OSS modes' `oss-baseline` (the same fairscale job without a checkpoint). Exactness is checked on every"
+    " rank's weights and on the state of the parameters it owns."
+)
+_FABRIC_INTRO = (
+    'The same weights and Adam state, saved in the layout `fabric.save(path, {"model": ..., "optimizer":'
+    ' ..., "step": ...})` writes, loaded by `fabric.load(path, {"model": model, "optimizer": optimizer,'
+    " \"step\": 0})` under Fabric's DDP (gloo on CPU, Fabric's own launcher) after `fabric.setup`. The window"
+    " is the `fabric.load` call, from the earliest rank's start to the latest rank's return; the baseline is the"
+    " same program without the call. *Net* is measured against the optimizer state the ranks keep, as for the"
+    " Trainer's fit. Exactness is checked on every rank's weights and optimizer state."
+)
+# modes measured against a baseline of their own, each with a section of the page: (modes, title, intro, entry point
+# named in the table's header)
+FAMILY_SECTIONS = (
+    (SHARDED_MODES, "Sharded optimizer state", _SHARDED_INTRO, "fit"),
+    (FABRIC_MODES, "Lightning Fabric", _FABRIC_INTRO, "load"),
+)
 
 
 def _family_section(results: dict[str, Any], family: tuple[str, ...], title: str, intro: str, entry: str) -> list[str]:

@@ -55,3 +55,23 @@ def kill_job(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def file_mappings(path: Optional[str] = None) -> list[tuple[int, int]]:
+    """Address ranges of this process that map a file (``/proc/self/maps`` lines with an inode), or only the file at
+    ``path``."""
+    target = os.path.realpath(path) if path is not None else None
+    ranges = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) < 6 or fields[4] == "0":
+                continue
+            if target is None or os.path.realpath(fields[5].strip()) == target:
+                start, end = fields[0].split("-")
+                ranges.append((int(start, 16), int(end, 16)))
+    return ranges
+
+
+def in_mappings(address: int, ranges: list[tuple[int, int]]) -> bool:
+    return any(start <= address < end for start, end in ranges)

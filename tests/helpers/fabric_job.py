@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness.models import TurnLog  # noqa: E402
+from harness.processes import file_mappings, in_mappings  # noqa: E402
 
 
 def _fabric_class(config: dict[str, Any]) -> Any:
@@ -79,15 +80,8 @@ class _Counter:
 
 def _file_backed(values: list[torch.Tensor], path: str) -> list[int]:
     """Indexes of the tensors whose data lies in a mapping of the file at ``path``."""
-    ranges = []
-    target = os.path.realpath(path)
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            if len(parts) == 6 and os.path.realpath(parts[5].strip()) == target:
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                ranges.append((start, end))
-    return [i for i, t in enumerate(values) if any(s <= t.data_ptr() < e for s, e in ranges)]
+    ranges = file_mappings(path)
+    return [i for i, t in enumerate(values) if in_mappings(t.data_ptr(), ranges)]
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
