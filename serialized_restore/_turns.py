@@ -263,7 +263,11 @@ class TurnSchedule:
     def _wait_for_turn(self, main: StoreView, keys: StageKeys, monitor: Monitor, ordered: bool) -> str:
         """``"go"`` once this rank may start its turn, ``"failed"`` if the stage failed first."""
         p = self.placement
-        predecessor = self._order.predecessor(p.local_rank) if ordered else None
+        if not ordered:
+            # nobody waits for anybody: every rank runs its body, as every upstream rank would have, whichever rank
+            # fails first, and learns of a failure when the stage ends
+            return "go"
+        predecessor = self._order.predecessor(p.local_rank)
         if predecessor is None:
             return "failed" if main.get_if_set(keys.closed) == "failed" else "go"
         key = keys.wake(p.node_rank, p.local_rank)
