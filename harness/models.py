@@ -286,6 +286,30 @@ def make_cpu_fsdp_class(flavour: str) -> type:
 
 
 @functools.cache
+def make_fabric_cpu_fsdp_class(flavour: str) -> type:
+    """Fabric's ``FSDPStrategy`` on CPU (``flavour``: ``"lightning_fabric"`` or ``"lightning"``)."""
+    fabric = importlib.import_module("lightning.fabric" if flavour == "lightning" else "lightning_fabric")
+
+    class FabricCPUFSDPStrategy(fabric.strategies.FSDPStrategy):
+        """Fabric's ``FSDPStrategy`` on CPU: only ``setup_module`` differs (Fabric's passes the CUDA device index,
+        ``None`` on CPU, and its connector accepts a subclass on CPU); the load path is upstream's."""
+
+        def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            if not any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
+                module = FullyShardedDataParallel(
+                    module=module,
+                    device_id=torch.device("cpu"),
+                    sharding_strategy=self.sharding_strategy,
+                    **self._fsdp_kwargs,
+                )
+            return module
+
+    return _published(FabricCPUFSDPStrategy, flavour)
+
+
+@functools.cache
 def make_fairscale_sharded_class(flavour: str) -> type:
     pl = lightning_module(flavour)
 
@@ -331,6 +355,7 @@ _FACTORIES = {
     "RecordingPrecision": make_precision_class,
     "ResultWriter": make_writer_class,
     "CPUFSDPStrategy": make_cpu_fsdp_class,
+    "FabricCPUFSDPStrategy": make_fabric_cpu_fsdp_class,
     "FairscaleShardedStrategy": make_fairscale_sharded_class,
 }
 

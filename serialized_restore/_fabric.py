@@ -23,17 +23,21 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from serialized_restore._flavour import flavour_of
+from serialized_restore._fsdp import FULL, SHARDED, checkpoint_kind, load_optimizer_states, load_weights
 from serialized_restore._options import RestoreOptions
-from serialized_restore._plan import decide_max_concurrent, job_schedule, placement_of
+from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size, placement_of
 from serialized_restore._readers import (
     LoadedCheckpoint,
     copy_kept_out_of_mapping,
     copy_out_of_mapping,
+    load_mmap,
+    optimizer_containers,
     read_checkpoint,
     storages_of,
 )
@@ -89,7 +93,8 @@ class SerializedFabricMixin:
     def _loading_in_turns(self) -> Iterator[None]:
         """While upstream's ``load`` / ``load_raw`` runs, its call of ``strategy.load_checkpoint`` becomes a turn."""
         strategy = self._strategy
-        if not self._serialized_loading.enabled or not self._strategy_loads_in_turns(strategy):
+        how = self._how_strategy_loads(strategy) if self._serialized_loading.enabled else None
+        if how is None:
             yield
             return
         upstream = strategy.load_checkpoint
@@ -97,7 +102,7 @@ class SerializedFabricMixin:
         def load_checkpoint(
             path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
         ) -> dict[str, Any]:
-            return self._load_in_turn(upstream, path, state, strict, weights_only)
+            return how(upstream, path, state, strict, weights_only)
 
         strategy.load_checkpoint = load_checkpoint
         try:
@@ -129,6 +134,62 @@ class SerializedFabricMixin:
             if mapped:
                 record.bytes_copied = self._copy_kept(state, remainder, mapped)
         return remainder
+
+    def _load_fsdp(
+        self, upstream: Callable[..., dict[str, Any]], path: Any, state: Any, strict: bool, weights_only: Any
+    ) -> dict[str, Any]:
+        """(all ranks together) FSDP's ``load_checkpoint``: a full checkpoint into a state holding one FSDP model is
+        read memory-mapped (``_fsdp.py``: every rank copies only its shard of the weights and of the optimizer
+        state); any other call (a sharded checkpoint, a module or an optimizer alone, an invalid state) is upstream's.
+
+        As upstream's full-checkpoint path (``_lazy_load``), the file is unpickled without restriction whatever
+        ``weights_only`` says."""
+        strategy, log = self._strategy, self._serialized_log
+        if not state or not isinstance(state, dict):
+            return upstream(path=path, state=state, strict=strict, weights_only=weights_only)
+        flavour = flavour_of(self)
+        has_fsdp_modules = flavour.import_("strategies.fsdp", "_has_fsdp_modules", fabric=True)
+        rank_zero_info = flavour.import_("utilities.rank_zero", "rank_zero_info", fabric=True)
+        # upstream's first step, so that every rank decides on rank 0's path
+        path = Path(strategy.broadcast(path))
+        modules = {key: obj for key, obj in state.items() if has_fsdp_modules(obj)}
+        kind, why = checkpoint_kind(strategy, path)
+        if kind != FULL or len(modules) != 1:
+            if kind == SHARDED:
+                rank_zero_info(
+                    "serialized restore: each FSDP rank reads only its own shards of a sharded checkpoint; no turns"
+                    " are needed."
+                )
+            elif kind is None:
+                rank_zero_info(f"serialized restore: FSDP's own load is used as is: {why}.")
+            return upstream(path=path, state=state, strict=strict, weights_only=weights_only)
+        rank_zero_info(
+            "serialized restore: FSDP loads with collectives, so its ranks load together instead of in turns; the"
+            " full checkpoint is memory-mapped and each rank copies only its shard of the optimizer state."
+        )
+        ((module_key, module),) = modules.items()
+        optimizers = {key: obj for key, obj in state.items() if isinstance(obj, torch.optim.Optimizer)}
+        schedule = job_schedule(
+            placement_of(self, strategy), path, local_world_size(strategy), self._serialized_loading, log
+        )
+        checkpoint = load_mmap(path, "cpu", False)
+        mapped = storages_of(checkpoint)
+        load_weights(strategy, checkpoint.pop(module_key), module, strict=strict)
+        states = [checkpoint.pop(key) for key in optimizers]
+        rekey = flavour.import_("strategies.model_parallel", "_rekey_optimizer_state_if_needed", fabric=True)
+        load_optimizer_states(strategy, module, list(optimizers.values()), states, schedule, rekey=rekey)
+        del states
+        requested = state.keys() - modules.keys() - optimizers.keys()
+        flavour.import_("strategies.strategy", "_validate_keys_for_strict_loading", fabric=True)(
+            requested, checkpoint.keys(), strict=strict
+        )
+        self._copy_for_stateful_objects(checkpoint, state, mapped)
+        flavour.import_("utilities.load", "_move_state_into", fabric=True)(
+            source=checkpoint, destination=state, keys=requested
+        )
+        with schedule.turn(STAGE_COPY, ordered=False, logged=True) as record:
+            record.bytes_copied = self._copy_kept(state, checkpoint, mapped)
+        return checkpoint
 
     def _run_upstream(
         self,
@@ -169,36 +230,34 @@ class SerializedFabricMixin:
 
     @staticmethod
     def _copy_kept(state: Any, remainder: Any, mapped: set[int]) -> int:
-        """Copy out of the mapping what the optimizers kept, the plain values put into ``state`` and the remainder."""
+        """Copy out of the mapping what the optimizers kept, the plain values put into ``state`` and the remainder,
+        in one walk: a tensor reachable from several of them gets one copy, shared as upstream's one object is."""
         if isinstance(state, torch.optim.Optimizer):
             return copy_kept_out_of_mapping([state], mapped)
         containers = [remainder]
-        optimizers = []
         if isinstance(state, dict):
-            containers.append(state)
             optimizers = [obj for obj in state.values() if isinstance(obj, torch.optim.Optimizer)]
-        return copy_kept_out_of_mapping(optimizers, mapped) + copy_out_of_mapping(containers, mapped)
+            containers += [*optimizer_containers(optimizers), state]
+        return copy_out_of_mapping(containers, mapped)
 
-    def _strategy_loads_in_turns(self, strategy: Any) -> bool:
-        """Single device and the DDP family, unless a subclass overrides a load method; others warn once."""
+    def _how_strategy_loads(self, strategy: Any) -> Callable[..., dict[str, Any]] | None:
+        """The load that replaces the strategy's: in turns for single device and the DDP family, unless a subclass
+        overrides a load method; FSDP's own, with a full checkpoint memory-mapped; ``None`` (upstream's, with one
+        warning) for other strategies."""
         flavour = flavour_of(self)
         ddp, single, fsdp = (
             flavour.import_("strategies", name, fabric=True)
             for name in ("DDPStrategy", "SingleDeviceStrategy", "FSDPStrategy")
         )
-        base = next((b for b in (ddp, single) if isinstance(strategy, b)), None)
+        base = next((b for b in (ddp, single, fsdp) if isinstance(strategy, b)), None)
         overridden = [m for m in _LOAD_METHODS if base and getattr(type(strategy), m) is not getattr(base, m)]
+        if base is fsdp and not overridden:
+            return self._load_fsdp
         if base is not None and not overridden:
-            return True
+            return self._load_in_turn
         if type(strategy) in self._serialized_warned:
-            return False
+            return None
         self._serialized_warned.add(type(strategy))
-        if isinstance(strategy, fsdp) and type(strategy).load_checkpoint is fsdp.load_checkpoint:
-            flavour.import_("utilities.rank_zero", "rank_zero_info", fabric=True)(
-                "serialized restore: FSDP loads with collectives, so its own load is used as is (it reads a full"
-                " checkpoint lazily and a sharded one rank by rank)."
-            )
-            return False
         why = (
             f"it overrides {', '.join(overridden)}"
             if overridden
@@ -208,7 +267,7 @@ class SerializedFabricMixin:
             f"`Fabric(serialized_checkpoint_loading={self._serialized_loading.value!r})` has no effect with"
             f" {type(strategy).__name__}: {why}. The checkpoint is loaded as upstream Lightning does."
         )
-        return False
+        return None
 
 
 class _AlreadyRead:

@@ -66,25 +66,10 @@ def load_full_checkpoint(
 
     ``weights_only=None`` means ``False`` here, as for upstream's FSDP restore, which unpickles without restriction.
     """
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    flavour = flavour_of(strategy)
-    load_raw_module_state = flavour.import_("strategies.model_parallel", "_load_raw_module_state", fabric=True)
-    full_state_dict_context = flavour.import_("strategies.fsdp", "_get_full_state_dict_context", fabric=True)
-    model, module = strategy.model, strategy.lightning_module
-
+    model = strategy.model
     checkpoint = load_mmap(path, "cpu", False if weights_only is None else weights_only)
     # popped, so that nothing but FSDP's load holds the weights' dict, and it goes as soon as the load is done
-    _load_weights_unit_by_unit(
-        functools.partial(
-            load_raw_module_state,
-            checkpoint.pop("state_dict"),
-            module=model,
-            world_size=strategy.world_size,
-            strict=module.strict_loading,
-        ),
-        model,
-    )
+    load_weights(strategy, checkpoint.pop("state_dict"), model, strict=strategy.lightning_module.strict_loading)
     optimizer_states = checkpoint.get("optimizer_states")
     if optimizer_states is None or not fitting:
         return checkpoint
@@ -94,12 +79,47 @@ def load_full_checkpoint(
             f" {len(optimizer_states)} optimizers to load. Please resume training with the same number"
             " of optimizers or edit the checkpoint manually to remove states."
         )
-    # rank 0 prepares first, before any collective: if it fails, the other ranks must hear of it instead of waiting
-    # in a collective until the process group times out
-    prepared: list[dict[str, Any]] = [{} for _ in optimizer_states]
+    load_optimizer_states(strategy, model, strategy.optimizers, optimizer_states, schedule, rekey=_keyed_by_name)
+    return checkpoint
+
+
+def load_weights(strategy: Any, state_dict: dict[str, Any], model: Any, strict: bool) -> None:
+    """(all ranks together) Lightning's ``_load_raw_module_state`` of the full ``state_dict`` into the FSDP ``model``,
+    one unit after another, the memory each unit gathers handed back as soon as it is done."""
+    load_raw_module_state = flavour_of(strategy).import_(
+        "strategies.model_parallel", "_load_raw_module_state", fabric=True
+    )
+    _load_weights_unit_by_unit(
+        functools.partial(
+            load_raw_module_state, state_dict, module=model, world_size=strategy.world_size, strict=strict
+        ),
+        model,
+    )
+
+
+def load_optimizer_states(
+    strategy: Any,
+    model: Any,
+    optimizers: list[Any],
+    states: list[dict[str, Any]],
+    schedule: TurnSchedule,
+    rekey: Callable[[dict[str, Any], Any], dict[str, Any]],
+) -> None:
+    """(all ranks together) Load each full optimizer state (tensors of the mapped file) into its optimizer, every
+    rank copying only its shard. ``rekey`` turns a state keyed by parameter index into one keyed by name.
+
+    Rank 0 re-keys first, before any collective: if it fails, the other ranks must hear of it instead of waiting in
+    a collective until the process group times out (``schedule`` shares its step, ``TurnSchedule.on_one_rank``).
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    full_state_dict_context = flavour_of(strategy).import_(
+        "strategies.fsdp", "_get_full_state_dict_context", fabric=True
+    )
+    prepared: list[dict[str, Any]] = [{} for _ in states]
 
     def prepare() -> None:
-        prepared[:] = [_keyed_by_name(state, model) for state in optimizer_states]
+        prepared[:] = [rekey(state, model) for state in states]
 
     schedule.on_one_rank(STAGE_PREPARE_OPTIMIZER_STATE, prepare, central=strategy.global_rank == 0)
     if strategy.global_rank != 0:
@@ -108,12 +128,11 @@ def load_full_checkpoint(
     # rank0_only=False, as upstream: every rank passes the complete state, here tensors of the mapped file, and FSDP
     # keeps on each rank a copy of that rank's shard only
     with full_state_dict_context(model, world_size=strategy.world_size, rank0_only=False):
-        for optimizer, state in zip(strategy.optimizers, prepared):
+        for optimizer, state in zip(optimizers, prepared):
             to_load = FSDP.optim_state_dict_to_load(model=model, optim=optimizer, optim_state_dict=state)
             optimizer.load_state_dict(to_load)
             del to_load
             release_freed_memory()
-    return checkpoint
 
 
 def _load_weights_unit_by_unit(load: Callable[[], Any], model: Any) -> None:

@@ -201,11 +201,15 @@ def copy_kept_out_of_mapping(optimizers: list[Any], mapped: set[int]) -> int:
     ``mapped`` are the storages of the mapped optimizer state handed to ``load_state_dict``. Only what the optimizer
     still holds afterwards is copied: state ``load_state_dict`` moved to another device (a GPU) is a copy already, and
     state it dropped (a ZeRO or fairscale ``OSS`` rank keeps only its own shard) is freed with the checkpoint dict.
-    Looked at: each optimizer's ``state`` and ``param_groups`` (dicts, lists and tuples in them), and those of the
-    optimizers it wraps, at any depth (the ``optim`` of ``ZeroRedundancyOptimizer`` and ``OSS``). A tensor reachable
-    twice is copied once and replaced everywhere; tensors that are views of one storage are copied as one storage,
-    so that they stay views of one another.
+    Looked at: :func:`optimizer_containers`. A tensor reachable twice is copied once and replaced everywhere; tensors
+    that are views of one storage are copied as one storage, so that they stay views of one another.
     """
+    return copy_out_of_mapping(optimizer_containers(optimizers), mapped)
+
+
+def optimizer_containers(optimizers: list[Any]) -> list[Any]:
+    """Where optimizers keep tensors: each optimizer's ``state`` and ``param_groups``, and those of the optimizers
+    it wraps, at any depth (the ``optim`` of ``ZeroRedundancyOptimizer`` and ``OSS``)."""
     containers: list[Any] = []
     seen: set[int] = set()
 
@@ -222,7 +226,7 @@ def copy_kept_out_of_mapping(optimizers: list[Any], mapped: set[int]) -> int:
 
     for optimizer in optimizers:
         collect(optimizer)
-    return copy_out_of_mapping(containers, mapped)
+    return containers
 
 
 def copy_out_of_mapping(containers: list[Any], mapped: set[int]) -> int:

@@ -162,6 +162,50 @@ def test_strategy_overriding_load_warns_once_and_loads_as_upstream(tmp_path: Pat
     assert not turn_intervals(result.ranks)
 
 
+@pytest.mark.parametrize(("launcher", "flavour"), [("fabric", "lightning_fabric"), ("torchrun", "lightning")])
+def test_fsdp_full_checkpoint_loads_together_memory_mapped_and_equals_upstream(
+    tmp_path: Path, saved: dict[str, str], launcher: str, flavour: str
+) -> None:
+    """Under Fabric's FSDP, `fabric.load` of a full checkpoint (here the DDP job's: a model moving to FSDP) runs on
+    every rank together, memory-mapped, and ends every rank exactly as upstream's FSDP load does: each rank's
+    shards of the weights and of the optimizer state, the scheduler, a stateful object, plain values, the remainder,
+    and 2 more training steps; nothing a rank keeps lies in the file's pages."""
+    common = {"action": "load", "ckpt_path": saved["ckpt"], "strategy": "fsdp", "flavour": flavour}
+    upstream = _ok({**common, "fabric": "upstream", "out": str(tmp_path / "upstream")}, launcher)
+    result = _run({**common, "fabric": "ours", "out": str(tmp_path / "ours")}, launcher)
+    assert result.returncode == 0 and not result.errors, (result.output[-6000:], result.errors)
+    ours = result.ranks
+    _assert_same_end_state(ours, upstream, ("params", "optimizer", "scheduler", "counter", "plain_state", "remainder"))
+    assert set(ours[0]["remainder"]) == {"note"} and ours[0]["plain_state"]["step"] == 3
+    # each rank holds a shard: fewer moments than the model (fabric_job's 32-32-1 MLP) has parameters
+    parameters = 32 * 32 + 32 + 32 + 1
+    for rank, got in ours.items():
+        moments = sum(s["exp_avg"].numel() for s in got["optimizer"]["state"].values())
+        assert 0 < moments < parameters, (rank, moments)
+    assert result.output.count("FSDP loads with collectives, so its ranks load together") == 1, result.output[-3000:]
+    intervals = turn_intervals(ours)
+    assert STAGE not in intervals, intervals
+    assert sorted(r for _, _, r in intervals[COPY_STAGE]) == [0, 1], intervals
+    for rank, got in ours.items():
+        assert got["file_backed"] == [], f"rank {rank}: tensors still in the file's pages: {got['file_backed']}"
+
+
+def test_fsdp_strict_key_error_is_upstreams_on_every_rank(tmp_path: Path, saved: dict[str, str]) -> None:
+    """Under FSDP a key of `state` missing from the checkpoint raises upstream's exception, with upstream's message,
+    on every rank (they load together: no rank waits on another), and leaves the file as it was."""
+    before = Path(saved["ckpt"]).read_bytes()
+    common = {"action": "load", "ckpt_path": saved["ckpt"], "strategy": "fsdp", "missing_keys": ["absent"]}
+    upstream = _run({**common, "fabric": "upstream", "out": str(tmp_path / "upstream")})
+    ours = _run({**common, "fabric": "ours", "out": str(tmp_path / "ours")})
+    assert upstream.returncode != 0 and ours.returncode != 0
+    assert sorted(upstream.errors) == sorted(ours.errors) == [0, 1], (upstream.errors, ours.errors)
+    for rank in (0, 1):
+        theirs, mine = upstream.errors[rank], ours.errors[rank]
+        assert (mine["type"], mine["message"]) == (theirs["type"], theirs["message"]), rank
+        assert "absent" in mine["message"], mine["message"]
+    assert Path(saved["ckpt"]).read_bytes() == before
+
+
 def test_single_process_raises_the_original_exception_and_bad_values_are_refused(tmp_path: Path) -> None:
     """One process: the original exception, unchanged; a bad option value: a ValueError naming Fabric."""
     from lightning_fabric import Fabric as UpstreamFabric

@@ -5,12 +5,13 @@ ranks by re-running this command line) or under ``torchrun``. Every rank writes 
 ``<out>/rank<global_rank>.pt``, or, when it raises, ``<out>/rank<global_rank>.error.json``.
 
 Config keys: ``fabric`` (``"upstream"`` or ``"ours"``), ``flavour`` (``"lightning_fabric"`` or ``"lightning"``),
-``serialized`` (the option's value), ``devices``, ``strategy`` (``"ddp"``, or ``"ddp_overriding_load"``: a DDP
-strategy that overrides ``load_checkpoint``), ``out``, ``action``: ``"save"`` (train ``steps``, then
-``fabric.save(save_path, state)``; with ``raw_module_path`` / ``raw_optimizer_path`` also ``torch.save`` the plain
-state dicts there), ``"load"`` (``fabric.load(ckpt_path, state, strict)``, with ``state_keys`` choosing the state's
-entries, then ``steps`` more), ``"load_full"`` (``fabric.load(ckpt_path)``: the whole checkpoint) or
-``"load_raw"`` (``fabric.load_raw`` of the module and the optimizer files).
+``serialized`` (the option's value), ``devices``, ``strategy`` (``"ddp"``; ``"ddp_overriding_load"``: a DDP
+strategy that overrides ``load_checkpoint``; ``"fsdp"``: Fabric's FSDP on CPU, full checkpoints), ``out``,
+``action``: ``"save"`` (train ``steps``, then ``fabric.save(save_path, state)``; with ``raw_module_path`` /
+``raw_optimizer_path`` also ``torch.save`` the plain state dicts there), ``"load"`` (``fabric.load(ckpt_path, state,
+strict)``, with ``state_keys`` choosing the state's entries, then ``steps`` more), ``"load_full"``
+(``fabric.load(ckpt_path)``: the whole checkpoint) or ``"load_raw"`` (``fabric.load_raw`` of the module and the
+optimizer files).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.models import TurnLog  # noqa: E402
+from harness.models import TurnLog, make_fabric_cpu_fsdp_class  # noqa: E402
 from harness.processes import file_mappings, in_mappings  # noqa: E402
 
 
@@ -49,6 +50,10 @@ def _fabric_class(config: dict[str, Any]) -> Any:
 
 def _strategy(config: dict[str, Any]) -> Any:
     name = config.get("strategy", "ddp")
+    if name == "fsdp":
+        # Fabric's FSDP on CPU, one unit per Linear layer, full checkpoints
+        cls = make_fabric_cpu_fsdp_class(config.get("flavour", "lightning_fabric"))
+        return cls(auto_wrap_policy={torch.nn.Linear}, state_dict_type="full")
     if name != "ddp_overriding_load":
         return name
     if config.get("flavour") == "lightning":
@@ -202,7 +207,11 @@ def _run(fabric: Any, config: dict[str, Any]) -> dict[str, Any]:
         )
     else:
         raise ValueError(f"unknown action {action!r}")
-    result["params"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if config.get("strategy") == "fsdp":
+        # the rank's shards (a full state dict would gather them, and torch's full-state gather crashes on CPU)
+        result["params"] = {k: v.detach().clone() for k, v in model.named_parameters()}
+    else:
+        result["params"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
     result["optimizer"] = optimizer.optimizer.state_dict()
     result["scheduler"] = scheduler.state_dict()
     return result
