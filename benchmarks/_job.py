@@ -46,6 +46,7 @@ from harness.models import (  # noqa: E402
     RegressionSteps,
     local_optimizer,
     make_cpu_fsdp_class,
+    make_fabric_cpu_fsdp_class,
     make_fairscale_sharded_class,
 )
 from harness.processes import file_mappings, in_mappings  # noqa: E402
@@ -215,41 +216,61 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
         return mismatches
 
     def _compare_fsdp_with_checkpoint(self, reference: dict[str, Any]) -> list[str]:
-        """(all ranks) As ``_compare_with_checkpoint``, for FSDP: the weights and optimizer state are gathered to
-        rank 0 (complete, every rank's shard included) and compared there; the other ranks report no mismatch."""
-        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
+        """(all ranks) As ``_compare_with_checkpoint``, for FSDP (:func:`_fsdp_mismatches`)."""
         model = self.trainer.strategy.model
         assert model is not None
-        checking = self.global_rank == 0
-        with FSDP.summon_full_params(model, writeback=False, rank0_only=True):
-            ours = {name: tensor.clone() for name, tensor in self.state_dict().items()} if checking else {}
-        theirs = reference["state_dict"]
-        mismatches = [f"state_dict[{k!r}]" for k in theirs if not _equal(ours.get(k), theirs[k])] if checking else []
-        if checking and sorted(ours) != sorted(theirs):
-            mismatches.append(f"state_dict keys: {sorted(set(ours) ^ set(theirs))}")
-        if self.trainer.state.fn != "fit":
-            return mismatches
-        if self.trainer.global_step != reference["global_step"]:
+        fitting = self.trainer.state.fn == "fit"
+        mismatches = _fsdp_mismatches(
+            model,
+            self,
+            reference["state_dict"],
+            self.trainer.optimizers if fitting else [],
+            reference["optimizer_states"],
+            checking=self.global_rank == 0,
+        )
+        if fitting and self.trainer.global_step != reference["global_step"]:
             mismatches.append(f"global_step {self.trainer.global_step} != {reference['global_step']}")
-        # the checkpoint (saved by DDP) keys the state by parameter index, in the order of `self.parameters()`
-        names = [name.replace("_fsdp_wrapped_module.", "") for name, _ in self.named_parameters()]
-        # offload_to_cpu=False: with FSDP on CPU (torch 2.13), offloading returns the gathered state tensors of one
-        # parameter aliased to each other (exp_avg reads as exp_avg_sq)
-        full = (FullStateDictConfig(rank0_only=True), FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=True))
-        for i, (optimizer, saved) in enumerate(zip(self.trainer.optimizers, reference["optimizer_states"])):
-            with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, *full):
-                restored = FSDP.optim_state_dict(model, optimizer).get("state", {})
-            if not checking:
-                continue
-            if sorted(restored) != sorted(names[pid] for pid in saved["state"]):
-                mismatches.append(f"optimizer {i}: state of parameters {sorted(restored)}")
-            for pid, state in saved["state"].items():
-                for key, value in state.items():
-                    if not _equal(restored.get(names[pid], {}).get(key), value):
-                        mismatches.append(f"optimizer {i} state[{names[pid]!r}][{key!r}]")
         return mismatches
+
+
+def _fsdp_mismatches(
+    model: Any,
+    module: torch.nn.Module,
+    saved_weights: dict[str, Any],
+    optimizers: list[Any],
+    saved_optimizers: list[dict[str, Any]],
+    checking: bool,
+) -> list[str]:
+    """(all ranks) What differs between the FSDP ``model`` (its inner ``module``) and the full checkpoint's weights
+    and optimizer states: the weights and optimizer state are gathered to rank 0 (complete, every rank's shard
+    included) and compared there (``checking``); the other ranks report no mismatch."""
+    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.summon_full_params(model, writeback=False, rank0_only=True):
+        ours = {name: tensor.clone() for name, tensor in module.state_dict().items()} if checking else {}
+    mismatches = [f"state_dict[{k!r}]" for k in saved_weights if not _equal(ours.get(k), saved_weights[k])]
+    if not checking:
+        mismatches = []
+    elif sorted(ours) != sorted(saved_weights):
+        mismatches.append(f"state_dict keys: {sorted(set(ours) ^ set(saved_weights))}")
+    # the checkpoint (saved by DDP) keys the state by parameter index, in the order of `module.parameters()`
+    names = [name.replace("_fsdp_wrapped_module.", "") for name, _ in module.named_parameters()]
+    # offload_to_cpu=False: with FSDP on CPU (torch 2.13), offloading returns the gathered state tensors of one
+    # parameter aliased to each other (exp_avg reads as exp_avg_sq)
+    full = (FullStateDictConfig(rank0_only=True), FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=True))
+    for i, (optimizer, saved) in enumerate(zip(optimizers, saved_optimizers)):
+        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, *full):
+            restored = FSDP.optim_state_dict(model, optimizer).get("state", {})
+        if not checking:
+            continue
+        if sorted(restored) != sorted(names[pid] for pid in saved["state"]):
+            mismatches.append(f"optimizer {i}: state of parameters {sorted(restored)}")
+        for pid, state in saved["state"].items():
+            for key, value in state.items():
+                if not _equal(restored.get(names[pid], {}).get(key), value):
+                    mismatches.append(f"optimizer {i} state[{names[pid]!r}][{key!r}]")
+    return mismatches
 
 
 def _mlp(width: int, depth: int, zero_init: bool) -> torch.nn.Sequential:
@@ -392,8 +413,15 @@ def fabric_restore(config: dict[str, Any]) -> None:
 
     from serialized_restore.fabric import Fabric as SerializedFabric
 
-    kwargs = {"accelerator": config.get("accelerator", "cpu"), "devices": config["devices"], "strategy": "ddp"}
-    ours = config["mode"] == "fabric-ours"
+    fsdp = config.get("strategy") == "fsdp_cpu"
+    # Fabric's FSDPStrategy wrapping with device_id=cpu (its stock version requires a GPU); one FSDP unit per layer
+    strategy = (
+        make_fabric_cpu_fsdp_class("lightning_fabric")(auto_wrap_policy={torch.nn.Linear}, state_dict_type="full")
+        if fsdp
+        else "ddp"
+    )
+    kwargs = {"accelerator": config.get("accelerator", "cpu"), "devices": config["devices"], "strategy": strategy}
+    ours = config["mode"].endswith("-ours")
     fabric = SerializedFabric(serialized_checkpoint_loading=True, **kwargs) if ours else Fabric(**kwargs)
     fabric.launch()
     torch.manual_seed(0)
@@ -411,7 +439,14 @@ def fabric_restore(config: dict[str, Any]) -> None:
     _mark(out, rank, "end", optimizer_state_bytes=optimizer_bytes, optimizer_state_mapped_bytes=mapped_bytes)
     fabric.barrier()
     mismatches: list[str] = []
-    if config.get("ckpt_path"):
+    if config.get("ckpt_path") and fsdp:
+        reference = torch.load(config["ckpt_path"], mmap=True, weights_only=False, map_location="cpu")
+        inner = model._forward_module
+        checking = fabric.global_rank == 0
+        mismatches += _fsdp_mismatches(
+            inner, net, reference["model"], [optimizer.optimizer], [reference["optimizer"]], checking
+        )
+    elif config.get("ckpt_path"):
         reference = torch.load(config["ckpt_path"], mmap=True, weights_only=False, map_location="cpu")
         ours_state = net.state_dict()
         mismatches += [f"model[{k!r}]" for k, v in reference["model"].items() if not _equal(ours_state.get(k), v)]

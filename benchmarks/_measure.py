@@ -83,6 +83,9 @@ MODES: dict[str, dict[str, str]] = {
     "fabric-baseline": {},
     "fabric-upstream": {},
     "fabric-ours": {},
+    "fabric-fsdp-baseline": {},
+    "fabric-fsdp-upstream": {},
+    "fabric-fsdp-ours": {},
 }
 # FSDP modes run Lightning's FSDPStrategy (on CPU: `harness/models.py`'s CPUFSDPStrategy) and are compared with
 # their own baseline and upstream
@@ -95,12 +98,15 @@ OSS_MODES = ("oss-baseline", "oss-upstream", "oss-ours")
 # Lightning Fabric under DDP: `fabric.load(path, {"model": ..., "optimizer": ...})` of the same weights and optimizer
 # state, saved in Fabric's layout (see `fabric_checkpoint`); the window is the `fabric.load` call
 FABRIC_MODES = ("fabric-baseline", "fabric-upstream", "fabric-ours")
-BASELINES = ("baseline", "fsdp-baseline", "oss-baseline", "fabric-baseline")
+# the same `fabric.load` under Fabric's FSDPStrategy (on CPU: `harness/models.py`'s FabricCPUFSDPStrategy), one unit
+# per layer, of the same full checkpoint
+FABRIC_FSDP_MODES = ("fabric-fsdp-baseline", "fabric-fsdp-upstream", "fabric-fsdp-ours")
+BASELINES = ("baseline", "fsdp-baseline", "oss-baseline", "fabric-baseline", "fabric-fsdp-baseline")
 
 
 def baseline_of(mode: str) -> str:
     """The mode whose job (same N and entry point, no checkpoint) a mode's overheads are measured against."""
-    for family in (FSDP_MODES, OSS_MODES, FABRIC_MODES):
+    for family in (FSDP_MODES, OSS_MODES, FABRIC_MODES, FABRIC_FSDP_MODES):
         if mode in family:
             return family[0]
     return "baseline"
@@ -108,7 +114,7 @@ def baseline_of(mode: str) -> str:
 
 def upstream_of(mode: str) -> str:
     """The mode whose restore time a mode's time is compared with."""
-    for family in (FSDP_MODES, ZERO_MODES, OSS_MODES, FABRIC_MODES):
+    for family in (FSDP_MODES, ZERO_MODES, OSS_MODES, FABRIC_MODES, FABRIC_FSDP_MODES):
         if mode in family:
             return next(m for m in family if m.endswith("-upstream"))
     return "upstream"
@@ -141,12 +147,17 @@ MODE_DESCRIPTIONS = {
     "fabric-baseline": "`lightning_fabric.Fabric`, DDP, model and Adam set up, no `fabric.load`",
     "fabric-upstream": '`lightning_fabric.Fabric`, DDP: `fabric.load(path, {"model": ..., "optimizer": ...})`',
     "fabric-ours": "`serialized_restore.fabric.Fabric(serialized_checkpoint_loading=True)`, the same `fabric.load`",
+    "fabric-fsdp-baseline": "`lightning_fabric.Fabric` with FSDP, model and Adam set up, no `fabric.load`",
+    "fabric-fsdp-upstream": "`lightning_fabric.Fabric` with FSDP: `FSDPStrategy.load_checkpoint`'s full-checkpoint"
+    " path (`_lazy_load`, then every rank materializes the optimizer state)",
+    "fabric-fsdp-ours": "`serialized_restore.fabric.Fabric(serialized_checkpoint_loading=True)` with FSDP: every rank"
+    " maps the file and copies only its shard of the optimizer state",
 }
 
 
 def strategy_of(mode: str) -> str:
     """The ``strategy`` of a mode's job config (see ``_job._trainer``)."""
-    return "fsdp_cpu" if mode in FSDP_MODES else "fairscale_sharded" if mode in OSS_MODES else "ddp"
+    return "fsdp_cpu" if mode in FSDP_MODES + FABRIC_FSDP_MODES else "fairscale_sharded" if mode in OSS_MODES else "ddp"
 
 
 # ---------------------------------------------------------------- sampling
@@ -563,11 +574,12 @@ def measure_restore(
 ) -> RestoreRun:
     """Run one restore (or, for a mode in ``BASELINES``, the same job without a checkpoint) and measure it."""
     ckpt_path = None if mode in BASELINES else str(checkpoint.path)
-    if ckpt_path is not None and mode in FABRIC_MODES:
+    fabric = mode in FABRIC_MODES + FABRIC_FSDP_MODES
+    if ckpt_path is not None and fabric:
         ckpt_path = str(fabric_checkpoint(checkpoint.path))
     config = {
         "accelerator": accelerator,
-        "action": "fabric" if mode in FABRIC_MODES else "restore",
+        "action": "fabric" if fabric else "restore",
         "out": str(run_dir),
         "mode": mode,
         "entry": entry,

@@ -52,34 +52,40 @@ FSDP_MODES = ("fsdp-upstream", "fsdp-ours")  # measured against their own baseli
 SHARDED_MODES = ("zero-upstream", "zero-ours", "oss-upstream", "oss-ours")
 # Lightning Fabric's `fabric.load` of the model and optimizer (against its own baseline, `fabric-baseline`): "fit"
 FABRIC_MODES = ("fabric-upstream", "fabric-ours")
-MODES = DDP_MODES + FSDP_MODES + SHARDED_MODES + FABRIC_MODES
+# the same under Fabric's FSDP (against its own baseline, `fabric-fsdp-baseline`)
+FABRIC_FSDP_MODES = ("fabric-fsdp-upstream", "fabric-fsdp-ours")
+MODES = DDP_MODES + FSDP_MODES + SHARDED_MODES + FABRIC_MODES + FABRIC_FSDP_MODES
 # entry points a mode runs at (default: all given)
-MODE_ENTRIES = {mode: ("fit",) for mode in SHARDED_MODES + FABRIC_MODES}
+MODE_ENTRIES = {mode: ("fit",) for mode in SHARDED_MODES + FABRIC_MODES + FABRIC_FSDP_MODES}
 # The default run, within 15 minutes on 2 cores: where each mode is measured, as (N at the largest size, N at every
-# smaller size). The headline modes run at every size at N = 2 and 4; the anchors and variants at the largest only.
+# smaller size). The headline modes run at every size at N = 2 and 4 (FSDP's at N = 4, the worst case, below the
+# largest); the anchors and variants at the largest only.
 # With one rank there are no turns to take, so the modes that differ in how ranks take turns start at N=2.
 DEFAULT_PLAN: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "upstream": ((1, 2, 4), (2, 4)),
     "ours-true": ((1, 2, 4), (2, 4)),
-    "fsdp-upstream": ((2, 4), (2, 4)),
-    "fsdp-ours": ((2, 4), (2, 4)),
+    "fsdp-upstream": ((2, 4), (4,)),
+    "fsdp-ours": ((2, 4), (4,)),
     "ours-auto": ((4,), ()),
     "mmap-plugin": ((4,), ()),
     "proposal-2021": ((4,), ()),
     "ours-off": ((1,), ()),
-    "zero-upstream": ((2, 4), ()),
-    "zero-ours": ((2, 4), ()),
+    "zero-upstream": ((4,), ()),
+    "zero-ours": ((4,), ()),
     "oss-upstream": ((4,), ()),
     "oss-ours": ((4,), ()),
     "fabric-upstream": ((2, 4), ()),
     "fabric-ours": ((2, 4), ()),
+    "fabric-fsdp-upstream": ((4,), ()),
+    "fabric-fsdp-ours": ((4,), ()),
 }
 # modes outside the default run (`--modes` measures them): k = 2 and the eager reader, variants of `ours-true`
 EXTRA_MODES = tuple(m for m in MODES if m not in DEFAULT_PLAN)
 # with --modes or --devices: every mode at every N given, except where it cannot differ from another mode
 MODE_MAX_DEVICES = {"ours-off": 1}
 MODE_MIN_DEVICES = {
-    "ours-2": 3, "ours-auto": 2, "ours-true-eager": 2, "proposal-2021": 2, "fsdp-upstream": 2, "fsdp-ours": 2
+    "ours-2": 3, "ours-auto": 2, "ours-true-eager": 2, "proposal-2021": 2, "fsdp-upstream": 2, "fsdp-ours": 2,
+    "fabric-fsdp-upstream": 2, "fabric-fsdp-ours": 2,
 }  # fmt: skip
 REPEATS = 1
 JOB_TIMEOUT = 600.0
@@ -99,7 +105,9 @@ TARGET_MMAP_PLUGIN_MAX_OVERHEAD = 0.1  # x S, mmap-plugin at the largest N: fit 
 TARGET_FSDP_MAX_OVERHEAD = 0.1  # x S, fsdp-ours fit (net) and validate, every N
 TARGET_SHARDED_MAX_OVERHEAD = 0.1  # x S, zero-ours and oss-ours fit (net), every N
 TARGET_OURS_FIT_TIME = 0.5  # x upstream's restore time, ours-true fit at the largest N
-TARGET_FABRIC_MAX_OVERHEAD = 0.1  # x S, fabric-ours fabric.load (net of the optimizer state), every N
+TARGET_FABRIC_MAX_OVERHEAD = (
+    0.1  # x S, fabric-ours and fabric-fsdp-ours fabric.load (net of the optimizer state), every N
+)
 PLOT_STYLE = {
     "upstream": ("tab:red", "o", "-"),
     "mmap-plugin": ("tab:brown", "P", "-."),
@@ -487,7 +495,7 @@ def check_targets(results: dict[str, Any]) -> list[Target]:
             )  # fmt: skip
     every_n = [("fsdp-ours", entry, TARGET_FSDP_MAX_OVERHEAD) for entry in ("fit", "validate")]
     every_n += [(mode, "fit", TARGET_SHARDED_MAX_OVERHEAD) for mode in ("zero-ours", "oss-ours")]
-    every_n += [("fabric-ours", "fit", TARGET_FABRIC_MAX_OVERHEAD)]
+    every_n += [(mode, "fit", TARGET_FABRIC_MAX_OVERHEAD) for mode in ("fabric-ours", "fabric-fsdp-ours")]
     for mode, entry, bound in every_n:
         values = series(entry, mode, "headline")
         if values:
@@ -499,7 +507,7 @@ def check_targets(results: dict[str, Any]) -> list[Target]:
             rows.append(
                 (f"{mode} {label}: <= {bound} x S at every N", f"{text(values)}{upstream}", worst <= bound, worst)
             )
-    for mode in ("ours-true", "mmap-plugin", "fsdp-ours", "zero-ours", "oss-ours", "fabric-ours"):
+    for mode in ("ours-true", "mmap-plugin", "fsdp-ours", "zero-ours", "oss-ours", "fabric-ours", "fabric-fsdp-ours"):
         for entry in ("fit", "validate"):
             cell = find.get((top, entry, mode))
             if cell is not None and cell["time_ratio"] is not None:
@@ -1216,11 +1224,21 @@ _FABRIC_INTRO = (
     " same program without the call. *Net* is measured against the optimizer state the ranks keep, as for the"
     " Trainer's fit. Exactness is checked on every rank's weights and optimizer state."
 )
+_FABRIC_FSDP_INTRO = (
+    'The same Fabric checkpoint (a full one, as a DDP job or `FSDPStrategy(state_dict_type="full")` writes it)'
+    " loaded by the same `fabric.load` under Fabric's `FSDPStrategy` (on CPU: `harness/models.py`'s"
+    " `FabricCPUFSDPStrategy`, which differs only in wrapping with `device_id=cpu`), one FSDP unit per layer."
+    " Every rank loads together (FSDP loads with collectives); upstream reads the file lazily and then"
+    " materializes the whole optimizer state on every rank, ours maps the file and each rank copies only its shard."
+    " *Net* is measured against the ranks' shards of the optimizer state. Exactness is checked on the weights and"
+    " optimizer state gathered to rank 0."
+)
 # modes measured against a baseline of their own, each with a section of the page: (modes, title, intro, entry point
 # named in the table's header)
 FAMILY_SECTIONS = (
     (SHARDED_MODES, "Sharded optimizer state", _SHARDED_INTRO, "fit"),
     (FABRIC_MODES, "Lightning Fabric", _FABRIC_INTRO, "load"),
+    (FABRIC_FSDP_MODES, "Lightning Fabric with FSDP", _FABRIC_FSDP_INTRO, "load"),
 )
 
 
