@@ -354,9 +354,9 @@ class Monitor:
                     watch.learn(local, Identity.from_json(raw))
             else:
                 for local, key in zip(missing, keys):
-                    raw = self._view.get_if_set(key)
-                    if raw is not None:
-                        watch.learn(local, Identity.from_json(raw))
+                    arrived = self._view.get_if_set(key)
+                    if arrived is not None:
+                        watch.learn(local, Identity.from_json(arrived))
         gone: dict[int, tuple[bool, float]] = dict.fromkeys(watch.exited(now, self._tick / 2), (True, 0.0))
         if now >= self._next_beats_read and watch.identities:
             self._next_beats_read = now + self._beat_every

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, SupportsIndex
 
 from lightning_utilities.core.imports import RequirementCache
 
-AUTO = "auto"
+AUTO: Literal["auto"] = "auto"
 # how messages name each setting
 TURN_TIMEOUT_SETTING = "`SerializedLoading(turn_timeout=...)`"
 HEARTBEAT_TIMEOUT_SETTING = "`SerializedLoading(heartbeat_timeout=...)`"
@@ -151,7 +152,7 @@ def settings_of(value: object, owner: str = "Trainer") -> SerializedLoading | No
 
 def _positive_int(value: object) -> int | None:
     # bool is not a count; integer types such as numpy.int64 are accepted through __index__
-    if isinstance(value, (bool, float, str)) or not hasattr(value, "__index__"):
+    if isinstance(value, (bool, float, str)) or not isinstance(value, SupportsIndex):
         return None
-    k = int(value.__index__())  # type: ignore[attr-defined]
+    k = operator.index(value)
     return k if k >= 1 else None

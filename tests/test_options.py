@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from serialized_restore import SerializedLoading, Trainer
-from serialized_restore._memory import SAFETY_MARGIN, plan_auto
 from serialized_restore._environment import ENVIRONMENT_OVERRIDES, options_from
+from serialized_restore._memory import SAFETY_MARGIN, plan_auto
 from serialized_restore._options import RestoreOptions
 from serialized_restore.lightning import Trainer as UnifiedTrainer
 
