@@ -4,7 +4,7 @@
 # Downloads the lightning sdist of the version pinned in requirements/ci.txt, checks that upstream/*.patch is what
 # upstream/make_patch.py produces from the package now, applies the patch to the fresh sdist, installs the patched
 # tree into a throwaway virtual environment without the add-on, lints the files the patch touches with Lightning's
-# ruff (upstream/lint-requirements.txt) and configuration (the sdist's pyproject.toml), and runs the patch's own
+# ruff and mypy (upstream/lint-requirements.txt) and configuration (the sdist's pyproject.toml), and runs the patch's own
 # tests and the core restore tests of tests/test_restore.py against the patched `lightning.pytorch.Trainer`. An
 # unreachable package index fails the step; nothing is skipped.
 set -euo pipefail
@@ -90,6 +90,16 @@ assert importlib.util.find_spec("serialized_restore") is None, "serialized_resto
 print(f"patched lightning {lightning.pytorch.__version__} at {lightning.pytorch.__file__}; no serialized_restore")
 EOF
 )
+
+step "Lightning's mypy and its configuration on the modules the patch touches"
+# Lightning's CI type-checks src/lightning with the mypy of its requirements/typing.txt and the [tool.mypy] section of
+# pyproject.toml; here only the touched modules' findings count (--follow-imports=silent: the rest of Lightning is
+# read for types, its own findings under this torch are not this patch's; --no-install-types: no stub packages are
+# fetched, ignore_missing_imports covers their absence)
+mapfile -t TOUCHED_SRC < <(printf '%s\n' "${TOUCHED[@]}" | grep '^src/')
+(cd "$TREE" && "$VPY" -m mypy --config-file pyproject.toml --follow-imports=silent --no-install-types \
+  --cache-dir "$WORK/mypy-cache" "${TOUCHED_SRC[@]}") \
+  || fail "Lightning's mypy settings flag the patched modules"
 
 step "the patch's own tests ($PATCH_TESTS)"
 (cd "$TREE" && "$VPY" -m pytest -q --color=no -p no:cacheprovider --timeout=300 "$PATCH_TESTS")

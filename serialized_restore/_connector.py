@@ -111,7 +111,7 @@ class _Restore:
 
 
 class _SerializedCheckpointConnectorMixin:
-    """Mixed into the flavour's ``_CheckpointConnector``; see the module docstring.
+    """Mixed into Lightning's ``_CheckpointConnector``; see the module docstring.
 
     A restore's state lives in one ``_Restore`` (``self._restore``); every method below says which ranks call it.
     """
@@ -180,7 +180,7 @@ class _SerializedCheckpointConnectorMixin:
         rank of the node takes its path from the store and checks it, in a second round, so that a refusal on any
         rank ends the restore on every rank."""
         schedule = self._make_schedule(restore.path, local_world_size(self.trainer.strategy))
-        # SerializedLoading.tmpdir, or SERIALIZED_RESTORE_TMPDIR over it, else the system's temporary directory
+        # SerializedLoading.tmpdir, else the system's temporary directory
         restore.local_copy = copy = NodeLocalCopy(restore.path, self._options.tmpdir, self._log)
         if self.trainer.local_rank == 0:
             # last resort for a job that dies between the stages: the copy never outlives the process
@@ -359,7 +359,8 @@ class _SerializedCheckpointConnectorMixin:
         strategy = self.trainer.strategy
         flavour = flavour_of(self)
         fsdp = fsdp_strategy_class(strategy)
-        ddp, single = (flavour.import_("strategies", name) for name in ("DDPStrategy", "SingleDeviceStrategy"))
+        ddp = flavour.import_("strategies", "DDPStrategy")
+        single = flavour.import_("strategies", "SingleDeviceStrategy")
         bases = (ddp, single, fsdp)
         base = next((b for b in bases if isinstance(strategy, b)), None)
         overridden = [m for m in _RESTORE_METHODS if getattr(type(strategy), m) is not getattr(base, m)] if base else []

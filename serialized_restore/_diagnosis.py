@@ -14,7 +14,7 @@ import traceback
 from dataclasses import dataclass
 
 from serialized_restore._errors import RankFailure, malformed_report
-from serialized_restore._options import HEARTBEAT_TIMEOUT_ENV, TURN_TIMEOUT_ENV
+from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING, TURN_TIMEOUT_SETTING
 from serialized_restore._order import NodeLog
 
 _WHERE_FRAMES = 8
@@ -113,7 +113,7 @@ def gone_failure(
     heartbeat_timeout: float,
 ) -> RankFailure:
     """A peer whose process exited (``exited``) or whose heartbeat has been silent for ``silent`` seconds."""
-    bound = f"{HEARTBEAT_TIMEOUT_ENV} (seconds, now {heartbeat_timeout:g})"
+    bound = f"{HEARTBEAT_TIMEOUT_SETTING} (seconds, now {heartbeat_timeout:g})"
     if exited:
         message = (
             f"its process (pid {pid}) exited while {doing} of stage {stage!r}: it was probably killed (for example by"
@@ -159,7 +159,7 @@ def timeout_failures(
     """
     now = time.time() if now is None else now
     me, my_node, my_local = observer
-    setting = f"{TURN_TIMEOUT_ENV} (seconds, now {turn_timeout:g})"
+    setting = f"{TURN_TIMEOUT_SETTING} (seconds, now {turn_timeout:g})"
     busy: list[tuple[int, int]] = []
     absent: list[tuple[int, int]] = []
     for node, log in sorted(logs.items()):
@@ -185,7 +185,7 @@ def timeout_failures(
         else:
             cause = (
                 " Either reading the checkpoint is that slow (for example a slow or overloaded file system: set"
-                f" {TURN_TIMEOUT_ENV} to a larger number of seconds), or code in the turn waits for other ranks,"
+                f" {TURN_TIMEOUT_SETTING} to a larger number of seconds), or code in the turn waits for other ranks,"
                 " for example a collective such as `broadcast` or `barrier` in `on_load_checkpoint` or in a"
                 " callback's `load_state_dict`, which cannot complete while they wait for their turn."
             )

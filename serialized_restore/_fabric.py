@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 import torch
 
+from serialized_restore._environment import options_from
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, SHARDED, checkpoint_kind, load_optimizer_states, load_weights
-from serialized_restore._options import RestoreOptions
 from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size, placement_of
 from serialized_restore._readers import (
     LoadedCheckpoint,
@@ -65,7 +65,7 @@ class SerializedFabricMixin:
     def __init__(
         self, *args: Any, serialized_checkpoint_loading: SerializedCheckpointLoading = False, **kwargs: Any
     ) -> None:
-        options = RestoreOptions.parse(serialized_checkpoint_loading, owner="Fabric")
+        options = options_from(serialized_checkpoint_loading, owner="Fabric")
         super().__init__(*args, **kwargs)
         self._serialized_loading = options
         self._serialized_warned: set[type] = set()

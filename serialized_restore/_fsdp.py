@@ -41,7 +41,7 @@ SHARDED = "sharded"
 
 
 def fsdp_strategy_class(strategy: Any) -> Any:
-    """The flavour's ``FSDPStrategy`` class."""
+    """Lightning's ``FSDPStrategy`` class."""
     return flavour_of(strategy).import_("strategies", "FSDPStrategy")
 
 

@@ -3,7 +3,7 @@
 While a rank takes part in a stage, its :class:`Monitor`, run by the process's monitor thread on the monitor
 connection (``_store.open_namespace``):
 
-* beats the rank's heartbeat a few times per heartbeat timeout (every ``SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT / 4``
+* beats the rank's heartbeat a few times per heartbeat timeout (every ``heartbeat_timeout / 4``
   seconds, at most ``_BEAT_MAX``);
 * watches the other local ranks of its node (:class:`PeerWatch`): a process gone from this machine is seen in
   ``/proc`` within ``_TICK`` (no store traffic), a silent heartbeat is read at the beat rate;
@@ -354,9 +354,9 @@ class Monitor:
                     watch.learn(local, Identity.from_json(raw))
             else:
                 for local, key in zip(missing, keys):
-                    raw = self._view.get_if_set(key)
-                    if raw is not None:
-                        watch.learn(local, Identity.from_json(raw))
+                    arrived = self._view.get_if_set(key)
+                    if arrived is not None:
+                        watch.learn(local, Identity.from_json(arrived))
         gone: dict[int, tuple[bool, float]] = dict.fromkeys(watch.exited(now, self._tick / 2), (True, 0.0))
         if now >= self._next_beats_read and watch.identities:
             self._next_beats_read = now + self._beat_every

@@ -5,9 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import psutil
-
-from serialized_restore._options import AVAILABLE_MEMORY_ENV, available_memory_override
+from serialized_restore._options import PSUTIL_AVAILABLE
 
 SAFETY_MARGIN = 0.2
 """Fraction of the available memory left untouched by the estimate."""
@@ -54,8 +52,9 @@ def format_bytes(count: int) -> str:
 
 
 def private_memory() -> int:
-    """This process's private (anonymous) resident memory in bytes: ``RssAnon`` on Linux, which leaves out pages of
-    a memory-mapped checkpoint; the resident set size elsewhere."""
+    """This process's private (anonymous) resident memory in bytes, for the turns' log lines: ``RssAnon`` on Linux,
+    which leaves out pages of a memory-mapped checkpoint; the resident set size elsewhere (psutil), or 0 where
+    neither can be read."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -63,15 +62,22 @@ def private_memory() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
+    if not PSUTIL_AVAILABLE:
+        return 0
+    import psutil
+
     return int(psutil.Process().memory_info().rss)
 
 
-def plan_auto(checkpoint_size: int, reader: str, local_world_size: int) -> AutoPlan:
-    """(local rank 0 of each node) Choose ``k`` in ``[1, local_world_size]``, or 0 if even one turn does not fit."""
-    override = available_memory_override()
-    if override is not None:
-        available, source = override, AVAILABLE_MEMORY_ENV
+def plan_auto(checkpoint_size: int, reader: str, local_world_size: int, available_memory: int | None) -> AutoPlan:
+    """(local rank 0 of each node) Choose ``k`` in ``[1, local_world_size]``, or 0 if even one turn does not fit.
+    ``available_memory``: the bytes to assume available, or ``None`` to measure them."""
+    if available_memory is not None:
+        available, source = available_memory, "given"
     else:
+        # RestoreOptions refused "auto" without psutil and without a memory figure already
+        import psutil
+
         available, source = int(psutil.virtual_memory().available), "psutil"
     need = checkpoint_size if reader == "eager" else math.ceil(MMAP_PRIVATE_FRACTION * checkpoint_size)
     usable = available * (1 - SAFETY_MARGIN)

@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, SupportsIndex
 
-TURN_TIMEOUT_ENV = "SERIALIZED_RESTORE_TURN_TIMEOUT"
-HEARTBEAT_TIMEOUT_ENV = "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT"
-READER_ENV = "SERIALIZED_RESTORE_READER"
-AVAILABLE_MEMORY_ENV = "SERIALIZED_RESTORE_AVAILABLE_MEMORY"
-TMPDIR_ENV = "SERIALIZED_RESTORE_TMPDIR"
-ENVIRONMENT_OVERRIDES = {
-    TURN_TIMEOUT_ENV: "SerializedLoading.turn_timeout",
-    HEARTBEAT_TIMEOUT_ENV: "SerializedLoading.heartbeat_timeout",
-    READER_ENV: "SerializedLoading.reader",
-    TMPDIR_ENV: "SerializedLoading.tmpdir",
-    AVAILABLE_MEMORY_ENV: 'the memory "auto" assumes available (bytes), instead of measuring it',
-}
-"""Every environment variable the package reads, and what it overrides: settings for operators, which win over what
-the code says, so that a job can be tuned without changing it."""
-AUTO = "auto"
+from lightning_utilities.core.imports import RequirementCache
+
+AUTO: Literal["auto"] = "auto"
+# how messages name each setting
+TURN_TIMEOUT_SETTING = "`SerializedLoading(turn_timeout=...)`"
+HEARTBEAT_TIMEOUT_SETTING = "`SerializedLoading(heartbeat_timeout=...)`"
+READER_SETTING = "`SerializedLoading(reader=...)`"
+TMPDIR_SETTING = "`SerializedLoading(tmpdir=...)`"
+AVAILABLE_MEMORY_SETTING = "`SerializedLoading(available_memory=...)`"
+PSUTIL_AVAILABLE = RequirementCache("psutil")
+"""psutil measures the memory ``"auto"`` assumes available (unless it is given), and a process's memory where
+``/proc`` cannot be read."""
 
 DEFAULT_TURN_TIMEOUT = 1800.0
 DEFAULT_HEARTBEAT_TIMEOUT = 60.0
@@ -38,8 +36,7 @@ class SerializedLoading:
     ``Trainer(serialized_checkpoint_loading=SerializedLoading(max_concurrent=2, turn_timeout=600))``.
 
     ``True`` means ``SerializedLoading()``, a positive int ``k`` means ``SerializedLoading(max_concurrent=k)`` and
-    ``"auto"`` means ``SerializedLoading(max_concurrent="auto")``. The environment variables of
-    :data:`ENVIRONMENT_OVERRIDES`, when set, override the matching field, for operators.
+    ``"auto"`` means ``SerializedLoading(max_concurrent="auto")``.
 
     Args:
         max_concurrent: The most local ranks of a node that restore at once (``1``: one at a time), or ``"auto"``
@@ -50,6 +47,8 @@ class SerializedLoading:
         heartbeat_timeout: Seconds after which a silent rank on another machine counts as dead.
         tmpdir: The directory for the per-node local copy of a remote checkpoint; ``None``: the system's temporary
             directory.
+        available_memory: Bytes of host memory ``"auto"`` assumes available on each node, instead of measuring it
+            (with psutil) when the restore starts; ``None``: measured.
 
     Raises:
         ValueError: a field out of range, naming it and what is accepted.
@@ -60,6 +59,7 @@ class SerializedLoading:
     turn_timeout: float = DEFAULT_TURN_TIMEOUT
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     tmpdir: str | None = None
+    available_memory: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_concurrent != AUTO and _positive_int(self.max_concurrent) is None:
@@ -74,11 +74,16 @@ class SerializedLoading:
                 raise ValueError(f"`SerializedLoading({name}={value!r})`: expected a positive number of seconds.")
         if self.tmpdir is not None and not isinstance(self.tmpdir, (str, os.PathLike)):
             raise ValueError(f"`SerializedLoading(tmpdir={self.tmpdir!r})`: expected a directory path or None.")
+        memory = self.available_memory
+        if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory < 0):
+            raise ValueError(
+                f"`SerializedLoading(available_memory={memory!r})`: expected a number of bytes (an int >= 0) or None."
+            )
 
 
 @dataclass(frozen=True)
 class RestoreOptions:
-    """What ``serialized_checkpoint_loading`` resolves to, environment overrides applied.
+    """What ``serialized_checkpoint_loading`` resolves to.
 
     ``max_concurrent`` is ``None`` when the option is off or ``"auto"`` (chosen per node at restore time), else the
     most local ranks of one node inside a turn at the same time.
@@ -92,6 +97,7 @@ class RestoreOptions:
     reader: str = "auto"
     tmpdir: str | None = None
     auto: bool = False
+    available_memory: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -99,27 +105,34 @@ class RestoreOptions:
 
     @classmethod
     def parse(cls, value: object, owner: str = "Trainer") -> RestoreOptions:
-        """Validate the user's value and the environment overrides; raise ``ValueError`` quoting what is wrong (and
-        ``owner``, the class the value was given to: ``"Trainer"`` or ``"Fabric"``)."""
-        settings = _settings(value, owner)
+        """Validate the user's value; raise ``ValueError`` quoting what is wrong (and ``owner``, the class the value
+        was given to: ``"Trainer"`` or ``"Fabric"``)."""
+        return cls.from_settings(value, settings_of(value, owner), owner)
+
+    @classmethod
+    def from_settings(cls, value: object, settings: SerializedLoading | None, owner: str = "Trainer") -> RestoreOptions:
+        """The options of ``settings`` (``None``: off), ``value`` being what the user passed."""
         if settings is None:
             return cls(value=value, max_concurrent=None)
         auto = settings.max_concurrent == AUTO
-        if auto:
-            available_memory_override()  # a malformed setting fails here, on every rank, not in the middle of a restore
-        tmpdir = os.environ.get(TMPDIR_ENV, "").strip() or settings.tmpdir
+        if auto and settings.available_memory is None and not PSUTIL_AVAILABLE:
+            raise ModuleNotFoundError(
+                f"`{owner}(serialized_checkpoint_loading={value!r})` measures the memory available with psutil:"
+                f" {PSUTIL_AVAILABLE}. Or give it: `SerializedLoading(max_concurrent='auto', available_memory=...)`."
+            )
         return cls(
             value=value,
             max_concurrent=None if auto else int(settings.max_concurrent),
-            turn_timeout=_positive_float_env(TURN_TIMEOUT_ENV, settings.turn_timeout),
-            heartbeat_timeout=_positive_float_env(HEARTBEAT_TIMEOUT_ENV, settings.heartbeat_timeout),
-            reader=_reader_env(settings.reader),
-            tmpdir=os.fspath(tmpdir) if tmpdir is not None else None,
+            turn_timeout=float(settings.turn_timeout),
+            heartbeat_timeout=float(settings.heartbeat_timeout),
+            reader=settings.reader,
+            tmpdir=os.fspath(settings.tmpdir) if settings.tmpdir is not None else None,
             auto=auto,
+            available_memory=settings.available_memory,
         )
 
 
-def _settings(value: object, owner: str) -> SerializedLoading | None:
+def settings_of(value: object, owner: str = "Trainer") -> SerializedLoading | None:
     """The :class:`SerializedLoading` that ``value`` stands for; ``None`` for ``False``."""
     if isinstance(value, SerializedLoading):
         return value
@@ -139,43 +152,7 @@ def _settings(value: object, owner: str) -> SerializedLoading | None:
 
 def _positive_int(value: object) -> int | None:
     # bool is not a count; integer types such as numpy.int64 are accepted through __index__
-    if isinstance(value, (bool, float, str)) or not hasattr(value, "__index__"):
+    if isinstance(value, (bool, float, str)) or not isinstance(value, SupportsIndex):
         return None
-    k = int(value.__index__())  # type: ignore[attr-defined]
+    k = operator.index(value)
     return k if k >= 1 else None
-
-
-def _positive_float_env(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return float(default)
-    try:
-        value = float(raw)
-    except ValueError as err:
-        raise ValueError(
-            f"`{name}={raw!r}` is not a number of seconds. Set it to a positive number, e.g. 600."
-        ) from err
-    if not value > 0:
-        raise ValueError(f"`{name}={raw!r}` must be a positive number of seconds, e.g. 600.")
-    return value
-
-
-def _reader_env(default: str) -> str:
-    raw = os.environ.get(READER_ENV, "").strip().lower() or default
-    if raw not in READERS:
-        raise ValueError(f"`{READER_ENV}={raw!r}` is not supported. Accepted values: {', '.join(READERS)}.")
-    return raw
-
-
-def available_memory_override() -> int | None:
-    """Bytes of host memory to assume available for ``"auto"``, from ``SERIALIZED_RESTORE_AVAILABLE_MEMORY``."""
-    raw = os.environ.get(AVAILABLE_MEMORY_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(float(raw))
-    except ValueError as err:
-        raise ValueError(f"`{AVAILABLE_MEMORY_ENV}={raw!r}` is not a number of bytes, e.g. 17179869184.") from err
-    if value < 0:
-        raise ValueError(f"`{AVAILABLE_MEMORY_ENV}={raw!r}` must not be negative.")
-    return value

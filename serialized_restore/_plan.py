@@ -11,7 +11,7 @@ from typing import Any
 import torch.distributed as dist
 
 from serialized_restore._memory import plan_auto
-from serialized_restore._options import AVAILABLE_MEMORY_ENV, READER_ENV, RestoreOptions
+from serialized_restore._options import AVAILABLE_MEMORY_SETTING, READER_SETTING, RestoreOptions
 from serialized_restore._readers import choose_reader, local_path
 from serialized_restore._turns import RankPlacement, TurnSchedule
 
@@ -58,7 +58,7 @@ def decide_max_concurrent(
     size = os.path.getsize(local) if (local := local_path(source)) and os.path.isfile(local) else 0
 
     def decide() -> str:
-        plan = plan_auto(size, reader, placement.local_world_size)
+        plan = plan_auto(size, reader, placement.local_world_size, options.available_memory)
         return json.dumps([plan.max_concurrent, plan.describe()])
 
     schedule = job_schedule(placement, path, placement.local_world_size, options, logger)
@@ -71,11 +71,11 @@ def decide_max_concurrent(
             f" {placement.node_rank} can restore {str(path)!r} in the memory available ({figures})."
             + (
                 " Free memory, let it be read memory-mapped (a local checkpoint in torch's zip format, read by the"
-                f" stock TorchCheckpointIO, and {READER_ENV} not `eager`),"
+                f" stock TorchCheckpointIO, and {READER_SETTING} not `eager`),"
                 if reader == "eager"
                 else " Free memory,"
             )
-            + f" or set {AVAILABLE_MEMORY_ENV} if the estimate is wrong."
+            + f" or set {AVAILABLE_MEMORY_SETTING} if the estimate is wrong."
         )
     return int(k)
 

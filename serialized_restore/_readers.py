@@ -90,7 +90,7 @@ def load_mmap(path: Any, map_location: Any, weights_only: bool | None) -> Any:
 
 
 class MmapCheckpointIOMixin:
-    """Loads local zip-format checkpoints memory-mapped; mixed into the flavour's ``TorchCheckpointIO``.
+    """Loads local zip-format checkpoints memory-mapped; mixed into Lightning's ``TorchCheckpointIO``.
 
     Every process that maps the same file shares its clean pages in the page cache instead of holding a private
     copy, so N ranks on a node cost about 1 x S of (reclaimable) page cache rather than N x S of private memory.
@@ -159,7 +159,7 @@ def read_checkpoint(
     """(one rank, inside its turn) Read the whole checkpoint with the reader ``choose_reader`` picks.
 
     ``reader`` is ``"auto"`` or ``"mmap"`` (memory-mapped when possible, else eager, saying why at INFO on
-    ``logger``: the connector passes the flavour's ``<lightning>.serialized_restore`` logger) or ``"eager"``.
+    ``logger``: the connector passes Lightning's ``serialized_restore`` logger) or ``"eager"``.
     Eager reading calls ``read_eagerly(path, weights_only=...)``: by default the Trainer strategy's
     ``load_checkpoint``; Fabric passes its strategy's ``checkpoint_io.load_checkpoint``.
 

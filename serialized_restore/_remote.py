@@ -6,7 +6,7 @@ Upstream Lightning reads a remote checkpoint on every rank: N downloads per node
 can then be memory-mapped), and local rank 0 removes it when the restore ends, also when it fails.
 
 The copy lives in a directory that local rank 0 creates for this one restore with :func:`tempfile.mkdtemp` (mode
-0700, an unpredictable name) inside ``SERIALIZED_RESTORE_TMPDIR`` or the system's temporary directory, so that no
+0700, an unpredictable name) inside ``SerializedLoading.tmpdir`` or the system's temporary directory, so that no
 other user of the node can read it, replace it or plant a file in its place. The node's other ranks learn its path
 through the job's store, as plain JSON, and check it before they read (see ``docs/security.md``).
 """
@@ -22,7 +22,7 @@ import tempfile
 from typing import Any
 
 from serialized_restore._memory import format_bytes
-from serialized_restore._options import TMPDIR_ENV
+from serialized_restore._options import TMPDIR_SETTING
 from serialized_restore._readers import local_path
 
 STAGE_CHECK = "check local copy"
@@ -40,15 +40,15 @@ def is_remote(path: Any) -> bool:
 
 
 def fetch_directory() -> str:
-    """Where local copies go: ``SERIALIZED_RESTORE_TMPDIR``, else the system's temporary directory; absolute."""
-    return os.path.abspath(os.environ.get(TMPDIR_ENV, "").strip() or tempfile.gettempdir())
+    """Where local copies go when no directory is set: the system's temporary directory; absolute."""
+    return os.path.abspath(tempfile.gettempdir())
 
 
 def check_fetch_directory(directory: str) -> None:
     """Raise, naming the directory and the setting, unless ``directory`` is a directory that other users cannot
     write to, or can only with the sticky bit set (as ``/tmp``), so that nobody else can rename or replace what this
     process creates in it."""
-    where = f"{directory!r} ({TMPDIR_ENV}, or the system's temporary directory when it is not set)"
+    where = f"{directory!r} ({TMPDIR_SETTING}, or the system's temporary directory when it is not set)"
     try:
         mode = os.stat(directory).st_mode
     except FileNotFoundError:
@@ -61,7 +61,7 @@ def check_fetch_directory(directory: str) -> None:
         raise PermissionError(
             f"Refusing to download the checkpoint into {where}: it is writable by other users (mode"
             f" {stat.S_IMODE(mode):04o}) without the sticky bit, so another user could rename or replace the copy."
-            f" Set {TMPDIR_ENV} to a directory that only you can write to (`mkdir -m 700 DIR`), or set the sticky"
+            f" Set {TMPDIR_SETTING} to a directory that only you can write to (`mkdir -m 700 DIR`), or set the sticky"
             " bit on this one (`chmod +t DIR`)."
         )
 
@@ -72,7 +72,7 @@ def ensure_free_space(directory: str, needed: int) -> None:
     if needed > free:
         raise OSError(
             f"Not enough free space in {directory!r} to fetch the checkpoint: it needs {needed / 2**30:.2f} GiB,"
-            f" {free / 2**30:.2f} GiB are free. Set {TMPDIR_ENV} to a directory with more space."
+            f" {free / 2**30:.2f} GiB are free. Set {TMPDIR_SETTING} to a directory with more space."
         )
 
 

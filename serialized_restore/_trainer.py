@@ -8,7 +8,8 @@ import typing
 from typing import Any, Callable, ClassVar, Literal, Union
 
 from serialized_restore._connector import disable_checkpoint_callbacks
-from serialized_restore._options import RestoreOptions, SerializedLoading
+from serialized_restore._environment import options_from
+from serialized_restore._options import SerializedLoading
 
 try:  # LightningCLI's parser: with it, bad values are refused at parse time with a usage error
     from jsonargparse.typing import PositiveInt
@@ -38,7 +39,7 @@ class SerializedRestoreTrainerMixin:
     def __init__(
         self, *args: Any, serialized_checkpoint_loading: SerializedCheckpointLoading = False, **kwargs: Any
     ) -> None:
-        options = RestoreOptions.parse(serialized_checkpoint_loading)
+        options = options_from(serialized_checkpoint_loading)
         super().__init__(*args, **kwargs)
         self._checkpoint_connector = self._connector_class(self, options)
         self._serialized_loading = options

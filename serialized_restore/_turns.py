@@ -5,11 +5,11 @@ key-value store of the default process group (the same ``TCPStore`` that ``torch
 rather than through collectives, so that:
 
 * a waiting rank never sits in one barrier for ``N - 1`` turns: it blocks on a wake-up key, and its wait is bounded by
-  the time since the last turn on its node started or ended (``SERIALIZED_RESTORE_TURN_TIMEOUT``);
+  the time since the last turn on its node started or ended (``SerializedLoading.turn_timeout``);
 * a rank that fails inside its turn wakes every waiting rank at once, and every rank raises the same
   :class:`~serialized_restore.CheckpointRestoreError`;
 * a rank that dies (SIGKILL, OOM killer) is reported at once by the ranks on its machine, which see its process
-  gone, and otherwise when its heartbeat has been silent for ``SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT`` seconds;
+  gone, and otherwise when its heartbeat has been silent for ``SerializedLoading.heartbeat_timeout`` seconds;
 * nothing in a turn runs a collective on behalf of the schedule, so the body of a turn is free to not be one.
 
 The parts, each in its own module: store keys and connections (``_store``), turn order and the node log

@@ -18,7 +18,7 @@ from serialized_restore._liveness import (
     process_alive,
     recheck_interval,
 )
-from serialized_restore._options import HEARTBEAT_TIMEOUT_ENV, TURN_TIMEOUT_ENV
+from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING, TURN_TIMEOUT_SETTING
 from serialized_restore._order import NodeLog, TurnOrder
 
 STAGE = "restore modules and callbacks"
@@ -111,7 +111,7 @@ def test_timeout_names_the_rank_inside_its_turn_and_its_collective():
     )
     assert (failure.global_rank, failure.kind, failure.reported_by) == (0, "timeout", 1)
     assert failure.message.startswith("still inside its turn after 9.0s, and no turn on node 0")
-    assert f"{TURN_TIMEOUT_ENV} (seconds, now 8)" in failure.message
+    assert f"{TURN_TIMEOUT_SETTING} (seconds, now 8)" in failure.message
     assert "blocked in the collective `torch.distributed.broadcast`" in failure.message
     assert "`on_load_checkpoint` (train.py, line 42)" in failure.message
     assert "must not run collectives" in failure.message
@@ -134,10 +134,10 @@ def test_gone_messages_say_what_the_rank_was_doing_and_the_setting():
     common = dict(stage=STAGE, observer=0, node=0, local=1, global_rank=1, pid=1234, heartbeat_timeout=3.0)
     died = gone_failure(exited=True, doing="inside its turn", silent=0.0, **common)
     assert died.kind == "died" and "(pid 1234) exited while inside its turn" in died.message
-    assert "killed" in died.message and HEARTBEAT_TIMEOUT_ENV in died.message
+    assert "killed" in died.message and HEARTBEAT_TIMEOUT_SETTING in died.message
     silent = gone_failure(exited=False, doing="waiting for its turn", silent=3.4, **common)
     assert silent.kind == "unresponsive" and "stopped responding while waiting for its turn" in silent.message
-    assert f"Set {HEARTBEAT_TIMEOUT_ENV} (seconds, now 3)" in silent.message and "3.4s" in silent.message
+    assert f"Set {HEARTBEAT_TIMEOUT_SETTING} (seconds, now 3)" in silent.message and "3.4s" in silent.message
 
 
 def test_store_lost_names_rank_zero_and_the_cause(monkeypatch):

@@ -311,7 +311,12 @@ def test_a_turn_longer_than_the_timeout_names_the_setting(tmp_path, checkpoint_d
     cases = [{"name": name, "ckpt_path": ckpt, "fault": {"rank": 1, "in": "sleep", "seconds": turn_timeout + 5}}]
     env = {"SERIALIZED_RESTORE_TURN_TIMEOUT": str(turn_timeout)}
     run = _run(tmp_path, cases, env=env)
-    fragments = ("still inside its turn", "SERIALIZED_RESTORE_TURN_TIMEOUT (seconds, now 4)", "slow", "time.sleep(")
+    fragments = (
+        "still inside its turn",
+        "`SerializedLoading(turn_timeout=...)` (seconds, now 4)",
+        "slow",
+        "time.sleep(",
+    )
     _assert_raised_on_every_rank(run, name, 2, [1], ckpt, STAGE_1, *fragments)
     fault = run.fault_at(name)
     # the waiting rank gives up at the bound (counted from the start of the turn, a little before the fault); the
@@ -333,7 +338,7 @@ def test_a_collective_in_a_hook_ends_in_the_timeout_error(tmp_path, checkpoint_d
         "blocked in the collective `torch.distributed.broadcast`",
         "`on_load_checkpoint`",
         "must not run collectives while `serialized_checkpoint_loading` is on",
-        "SERIALIZED_RESTORE_TURN_TIMEOUT (seconds, now 4)",
+        "`SerializedLoading(turn_timeout=...)` (seconds, now 4)",
     )
     _assert_raised_on_every_rank(run, name, 2, [0], ckpt, STAGE_1, *fragments)
     fault = run.fault_at(name)

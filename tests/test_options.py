@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from serialized_restore import SerializedLoading, Trainer
+from serialized_restore._environment import ENVIRONMENT_OVERRIDES, options_from
 from serialized_restore._memory import SAFETY_MARGIN, plan_auto
-from serialized_restore._options import ENVIRONMENT_OVERRIDES, RestoreOptions
+from serialized_restore._options import RestoreOptions
 from serialized_restore.lightning import Trainer as UnifiedTrainer
 
 
@@ -23,6 +24,27 @@ def test_auto_is_accepted() -> None:
     """ "auto" turns the option on with k chosen at restore time."""
     parsed = RestoreOptions.parse("auto")
     assert parsed.enabled and parsed.auto and parsed.max_concurrent is None
+
+
+def test_auto_without_psutil_is_refused_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where psutil is not installed (Lightning does not require it), "auto" needs a memory figure: without one,
+    `Trainer(...)` raises ModuleNotFoundError with the install hint; with one, or for any other value, psutil is
+    not needed."""
+    from lightning_utilities.core.imports import RequirementCache
+
+    import serialized_restore._options as options
+
+    monkeypatch.setattr(options, "PSUTIL_AVAILABLE", RequirementCache("psutil-not-installed"))
+    with pytest.raises(
+        ModuleNotFoundError,
+        match=r"`Trainer\(serialized_checkpoint_loading='auto'\)` measures.*"
+        r"pip install",
+    ):
+        Trainer(serialized_checkpoint_loading="auto", logger=False)
+    assert RestoreOptions.parse(True).enabled
+    assert RestoreOptions.parse(SerializedLoading(max_concurrent="auto", available_memory=2**34)).auto
+    monkeypatch.setenv("SERIALIZED_RESTORE_AVAILABLE_MEMORY", str(2**34))
+    assert Trainer(serialized_checkpoint_loading="auto", logger=False).serialized_checkpoint_loading == "auto"
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.0, 2.5, "yes", "True", "AUTO", None, [1]])
@@ -55,14 +77,19 @@ def test_bad_environment_settings_raise(monkeypatch: pytest.MonkeyPatch, name: s
 
 
 def test_environment_settings_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Timeouts and reader come from the environment, with documented defaults."""
-    defaults = RestoreOptions.parse(True)
+    """Timeouts and reader come from the environment, with documented defaults, for the add-on's Trainer and
+    Fabric only: what is proposed to Lightning (`RestoreOptions.parse`) does not read the environment."""
+    defaults = options_from(True)
     assert (defaults.turn_timeout, defaults.heartbeat_timeout, defaults.reader) == (1800.0, 60.0, "auto")
     monkeypatch.setenv("SERIALIZED_RESTORE_TURN_TIMEOUT", "12.5")
     monkeypatch.setenv("SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT", "3")
     monkeypatch.setenv("SERIALIZED_RESTORE_READER", "Eager")
-    parsed = RestoreOptions.parse(2)
+    monkeypatch.setenv("SERIALIZED_RESTORE_AVAILABLE_MEMORY", "1024")
+    parsed = options_from(2)
     assert (parsed.turn_timeout, parsed.heartbeat_timeout, parsed.reader) == (12.5, 3.0, "eager")
+    assert parsed.available_memory == 1024
+    assert Trainer(serialized_checkpoint_loading=2, logger=False)._serialized_loading == parsed
+    assert RestoreOptions.parse(2) == RestoreOptions.parse(2).__class__(value=2, max_concurrent=2)
 
 
 def test_trainer_is_a_lightning_trainer() -> None:
@@ -92,10 +119,9 @@ def test_auto_plan_from_injected_available_memory(
     monkeypatch: pytest.MonkeyPatch, available: int, reader: str, expected: int
 ) -> None:
     """ "auto" picks k from available memory x (1 - margin) / per-turn need, clamped to the local world size."""
-    monkeypatch.setenv("SERIALIZED_RESTORE_AVAILABLE_MEMORY", str(available))
-    plan = plan_auto(checkpoint_size=2**30, reader=reader, local_world_size=4)
+    plan = plan_auto(checkpoint_size=2**30, reader=reader, local_world_size=4, available_memory=available)
     assert plan.max_concurrent == expected
-    assert plan.available == available and plan.available_source == "SERIALIZED_RESTORE_AVAILABLE_MEMORY"
+    assert plan.available == available and plan.available_source == "given"
     assert f"{SAFETY_MARGIN:.0%} kept as margin" in plan.describe()
 
 
@@ -140,8 +166,9 @@ def test_environment_overrides_the_settings_object(monkeypatch: pytest.MonkeyPat
     settings = SerializedLoading(turn_timeout=600, reader="mmap", tmpdir="/from/code")
     monkeypatch.setenv("SERIALIZED_RESTORE_TURN_TIMEOUT", "30")
     monkeypatch.setenv("SERIALIZED_RESTORE_TMPDIR", "/from/env")
-    parsed = RestoreOptions.parse(settings)
+    parsed = options_from(settings)
     assert (parsed.turn_timeout, parsed.reader, parsed.tmpdir) == (30.0, "mmap", "/from/env")
+    assert RestoreOptions.parse(settings).tmpdir == "/from/code"
     assert sorted(ENVIRONMENT_OVERRIDES) == [
         "SERIALIZED_RESTORE_AVAILABLE_MEMORY",
         "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT",

@@ -267,7 +267,7 @@ def test_a_download_directory_others_can_write_to_is_refused_on_every_rank(
     for rank, error in result.errors.items():
         assert error["type"] == "CheckpointRestoreError[PermissionError]", f"rank {rank}: {error}"
         message = error["message"]
-        assert str(fetch_dir) in message and "SERIALIZED_RESTORE_TMPDIR" in message, f"rank {rank}: {message}"
+        assert str(fetch_dir) in message and "SerializedLoading(tmpdir=...)" in message, f"rank {rank}: {message}"
         assert "writable by other users (mode 0777) without the sticky bit" in message, f"rank {rank}: {message}"
     assert list(fetch_dir.iterdir()) == [] and stat.S_IMODE(fetch_dir.stat().st_mode) == 0o777
 
@@ -339,7 +339,7 @@ def test_download_directory_permissions(tmp_path: Path, mode: int, refused: bool
     directory.mkdir()
     directory.chmod(mode)
     if refused:
-        with pytest.raises(PermissionError, match="SERIALIZED_RESTORE_TMPDIR") as info:
+        with pytest.raises(PermissionError, match=r"SerializedLoading\(tmpdir=\.\.\.\)") as info:
             check_fetch_directory(str(directory))
         assert str(directory) in str(info.value) and f"{mode:04o}" in str(info.value)
     else:
@@ -405,6 +405,6 @@ def test_the_announced_copy_is_checked_before_it_is_read(tmp_path: Path) -> None
 
 def test_free_space_is_checked_before_fetching(tmp_path: Path) -> None:
     """A fetch that cannot fit says how much it needs, how much is free, and which setting to change."""
-    with pytest.raises(OSError, match="SERIALIZED_RESTORE_TMPDIR") as info:
+    with pytest.raises(OSError, match=r"SerializedLoading\(tmpdir=\.\.\.\)") as info:
         ensure_free_space(str(tmp_path), 2**62)
     assert "needs" in str(info.value) and str(tmp_path) in str(info.value)

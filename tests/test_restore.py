@@ -223,12 +223,11 @@ def test_auto_chooses_k_per_node_from_available_memory(tmp_path: Path, reference
     result = run_ok(
         {
             "trainer": "ours",
-            "serialized": "auto",
+            "serialized": {"max_concurrent": "auto", "reader": "eager", "available_memory": int(1.5 * size / 0.8)},
             "out": str(tmp_path),
             "entry": "validate",
             "ckpt_path": reference["ckpt"],
         },
-        env={"SERIALIZED_RESTORE_READER": "eager", "SERIALIZED_RESTORE_AVAILABLE_MEMORY": str(int(1.5 * size / 0.8))},
     )
     stages = turn_intervals(result.ranks)
     # local rank 0 decides in an exchange of its own (no turns, not logged as turns); the restore follows in turns
@@ -236,9 +235,7 @@ def test_auto_chooses_k_per_node_from_available_memory(tmp_path: Path, reference
     for stage, intervals in stages.items():
         assert max_concurrent(intervals) == 1, stage
     decision = [m for _, m in result.ranks[0]["turn_log"] if '"auto" chose' in m]
-    assert (
-        len(decision) == 1 and "k=1 for node 0" in decision[0] and "SERIALIZED_RESTORE_AVAILABLE_MEMORY" in decision[0]
-    )
+    assert len(decision) == 1 and "k=1 for node 0" in decision[0] and "available (given)" in decision[0]
 
 
 def test_auto_refuses_before_starting_when_one_turn_does_not_fit(tmp_path: Path, reference: dict[str, Any]) -> None:
@@ -247,20 +244,19 @@ def test_auto_refuses_before_starting_when_one_turn_does_not_fit(tmp_path: Path,
     result = run_job(
         {
             "trainer": "ours",
-            "serialized": "auto",
+            "serialized": {"max_concurrent": "auto", "reader": "eager", "available_memory": size // 2},
             "out": str(tmp_path),
             "entry": "validate",
             "ckpt_path": reference["ckpt"],
         },
         timeout=120,
-        env={"SERIALIZED_RESTORE_READER": "eager", "SERIALIZED_RESTORE_AVAILABLE_MEMORY": str(size // 2)},
     )
     assert result.returncode != 0
     assert sorted(result.errors) == [0, 1], result.output[-4000:]
     for rank, error in result.errors.items():
         assert error["type"] == "MemoryError", f"rank {rank}"
         message = error["message"]
-        assert "not even one rank of node 0" in message and "available (SERIALIZED_RESTORE_AVAILABLE_MEMORY)" in message
+        assert "not even one rank of node 0" in message and "available (given)" in message
         assert "0.00 GiB" not in message and "memory-mapped" in message  # read eagerly here: the advice says so
     # only local rank 0's decision ran; no rank started reading the checkpoint
     assert "turn for 'restore modules and callbacks'" not in result.output

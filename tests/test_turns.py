@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from serialized_restore import CheckpointRestoreError, RankFailure
 from serialized_restore._errors import restore_error
-from serialized_restore._options import HEARTBEAT_TIMEOUT_ENV, TURN_TIMEOUT_ENV
+from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING, TURN_TIMEOUT_SETTING
 from serialized_restore._turns import RankPlacement, TurnSchedule
 from tests.helpers.store import connect
 
@@ -337,7 +337,7 @@ def test_a_killed_rank_is_reported_at_once_by_its_node(tmp_path, killed):
         error = outcome["error"]
         assert outcome["kinds"] == ["died"]
         assert "exited while inside its turn" in error and "killed" in error
-        assert HEARTBEAT_TIMEOUT_ENV in error
+        assert HEARTBEAT_TIMEOUT_SETTING in error
         assert outcome["ended"] - result["fault"]["at"] < 3.0
 
 
@@ -350,7 +350,7 @@ def test_a_silent_rank_is_reported_after_the_heartbeat_timeout(tmp_path):
     for outcome in result["ranks"].values():
         assert outcome["kinds"] == ["unresponsive"]
         assert "stopped responding while inside its turn" in outcome["error"]
-        assert f"Set {HEARTBEAT_TIMEOUT_ENV} (seconds, now 2)" in outcome["error"]
+        assert f"Set {HEARTBEAT_TIMEOUT_SETTING} (seconds, now 2)" in outcome["error"]
         # heartbeat timeout + one liveness interval + one heartbeat interval, plus scheduling slack
         assert 2.0 <= outcome["ended"] - result["fault"]["at"] < 6.0
 
@@ -365,7 +365,7 @@ def test_a_slow_turn_times_out_and_names_the_setting(tmp_path):
     for rank, outcome in result["ranks"].items():
         error = outcome["error"]
         assert outcome["kinds"] == ["timeout"]
-        assert "still inside its turn" in error and f"{TURN_TIMEOUT_ENV} (seconds, now 1.5)" in error
+        assert "still inside its turn" in error and f"{TURN_TIMEOUT_SETTING} (seconds, now 1.5)" in error
         assert "slow" in error and "_misbehave" in error
         # the waiting ranks give up after the timeout; the slow rank itself when its turn ends
         assert outcome["ended"] - fault < (8.0 if rank == 0 else 4.0)
@@ -381,7 +381,7 @@ def test_a_collective_in_a_turn_ends_in_the_timeout_error(tmp_path):
         error = outcome.get("error", "")
         assert 0 in outcome["failed_ranks"], outcome
         assert "blocked in the collective `torch.distributed.broadcast`" in error, error
-        assert "`_misbehave`" in error and "must not run collectives" in error and TURN_TIMEOUT_ENV in error
+        assert "`_misbehave`" in error and "must not run collectives" in error and TURN_TIMEOUT_SETTING in error
         assert outcome["ended"] - result["fault"]["at"] < 6.0
     # the stuck rank is freed once the others have left, and reports the collective's own error as well
     assert "exception" in result["ranks"][0]["kinds"]
@@ -405,7 +405,7 @@ def test_a_rank_that_never_arrives_times_out(tmp_path):
     assert not result["hung"] and sorted(result["ranks"]) == [0]
     outcome = result["ranks"][0]
     assert outcome["failed_ranks"] == [1] and outcome["kinds"] == ["timeout"]
-    assert "has not reached the restore" in outcome["error"] and TURN_TIMEOUT_ENV in outcome["error"]
+    assert "has not reached the restore" in outcome["error"] and TURN_TIMEOUT_SETTING in outcome["error"]
     assert outcome["elapsed"] < 5.0
 
 

@@ -4,7 +4,8 @@ Writes two patches, both against the layout of the Lightning repository:
 
 * ``serialized-checkpoint-loading.patch``: the change itself. The modules of ``serialized_restore`` that the connector
   needs are copied into ``src/lightning/pytorch/trainer/connectors/serialized_restore/`` with their package-internal
-  imports rewritten (and ``psutil``, which Lightning does not require, imported where ``"auto"`` uses it); a few
+  imports rewritten, the package's lookups of Lightning classes (``_flavour.py``, which serves its two distributions)
+  replaced by direct imports (and a module importing at its top what Lightning does not require is refused); a few
   lines wire ``serialized_checkpoint_loading`` into ``Trainer``; the CHANGELOG gets one line; the upstream-style
   tests are added. It applies to the ``src/`` tree of the ``lightning`` source distribution and to a checkout.
 * ``serialized-checkpoint-loading-docs.patch``: the docs paragraph, for a checkout (the source distribution ships no
@@ -66,8 +67,15 @@ LICENSE_HEADER = """\
 # limitations under the License.
 """
 
-OPTIONAL_IMPORTS = {"psutil": 'Lightning does not require psutil: only "auto" without a memory override reads it'}
-"""Third-party modules the package imports at the top that Lightning does not depend on: imported where used."""
+FLAVOUR_MODULE = "_flavour"
+"""The package module that looks Lightning classes up in the distribution (``lightning`` or ``pytorch_lightning``) of
+the object at hand. Inside Lightning there is one distribution: the copies import the classes directly instead."""
+FLAVOUR_ROOTS = {False: "lightning.pytorch", True: "lightning.fabric"}
+"""``Flavour.import_(module, name, fabric=...)`` -> the package it imports from, inside Lightning."""
+
+LIGHTNING_DEPENDENCIES = ("torch", "lightning_utilities", "fsspec", "typing_extensions", "packaging")
+"""Third-party modules a copied module may import at its top: what Lightning itself requires. Anything else (psutil)
+the package imports where it is used, guarded by ``RequirementCache``, as Lightning guards optional packages."""
 
 # (anchor, replacement) pairs applied to upstream files; every anchor must occur exactly once
 TRAINER_EDITS = [
@@ -243,7 +251,7 @@ def package_modules() -> list[str]:
     todo = [ROOT_MODULE]
     while todo:
         name = todo.pop()
-        if name in seen:
+        if name in seen or name == FLAVOUR_MODULE:
             continue
         path = PACKAGE / f"{name}.py"
         if not path.is_file():
@@ -285,11 +293,11 @@ def _map_module(module: str) -> str:
 
 
 def rewrite_module(name: str, source: str, modules: list[str]) -> str:
-    """The upstream copy of one module: imports and references mapped, optional imports made lazy; logic untouched."""
+    """The upstream copy of one module: imports and references mapped, lookups made imports; logic untouched."""
+    source = _direct_imports(name, source)
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     replace: dict[int, tuple[int, str]] = {}  # first line (0-based) -> (lines replaced, new text)
-    insert: dict[int, str] = {}  # line (0-based) -> text inserted before it
 
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("serialized_restore."):
@@ -298,31 +306,20 @@ def rewrite_module(name: str, source: str, modules: list[str]) -> str:
             replace[node.lineno - 1] = (node.end_lineno - node.lineno + 1, text)  # type: ignore[operator]
 
     for node in tree.body:
-        if isinstance(node, ast.Import) and any(a.name in OPTIONAL_IMPORTS for a in node.names):
-            if len(node.names) != 1 or node.names[0].asname:
-                raise GenerationError(f"{name}.py: import {node.names[0].name} on a line of its own, without `as`")
-            first = node.lineno - 1
-            count = node.end_lineno - node.lineno + 1  # type: ignore[operator]
-            # an import section of its own: take one of the blank lines around it too, as isort would leave it
-            blank_before = first > 0 and not lines[first - 1].strip()
-            if blank_before and first + count < len(lines) and not lines[first + count].strip():
-                count += 1
-            replace[first] = (count, "")
-            module = node.names[0].name
-            attribute_values = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-            names = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == module]
-            if any(id(n) not in attribute_values for n in names):
-                raise GenerationError(f"{name}.py: {module} is used other than as `{module}.<attribute>`")
-            for line in _statements_using(tree, module):
-                indent = re.match(r"\s*", lines[line])[0]  # type: ignore[index]
-                # the blank line after it is what ruff's formatter wants after an import
-                insert[line] = f"{indent}import {module}  # {OPTIONAL_IMPORTS[module]}\n\n"
+        top = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            top = [node.module]
+        for module in top:
+            root = module.split(".")[0]
+            if root not in sys.stdlib_module_names and root not in LIGHTNING_DEPENDENCIES + ("serialized_restore",):
+                raise GenerationError(
+                    f"{name}.py imports {module} at its top, which Lightning does not require: import it where it is"
+                    " used, guarded by `RequirementCache`"
+                )
 
     out: list[str] = []
     i = 0
     while i < len(lines):
-        if i in insert:
-            out.append(insert[i])
         if i in replace:
             count, text = replace[i]
             out.append(text)
@@ -348,53 +345,220 @@ def rewrite_module(name: str, source: str, modules: list[str]) -> str:
     return LICENSE_HEADER + text
 
 
-def _statements_using(tree: ast.Module, module: str) -> list[int]:
-    """0-based first lines of the innermost statements that use ``module.<attr>``, each block's first use only."""
-    found: dict[int, int] = {}
+def _flavour_lookup(node: ast.AST, flavour_names: set[str]) -> Optional[tuple[str, str]]:
+    """``(module, name)`` for ``flavour_of(x).import_("mod", "Name"[, fabric=True])`` or ``flavour.import_(...)``
+    (``flavour`` one of ``flavour_names``): the Lightning module and name it looks up; else ``None``."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "import_"):
+        return None
+    if not _is_flavour(node.func.value, flavour_names):
+        return None
+    args = node.args
+    fabric = [k for k in node.keywords if k.arg == "fabric"]
+    literal = all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in args) and len(args) == 2
+    if not literal or len(node.keywords) != len(fabric) or (fabric and not isinstance(fabric[0].value, ast.Constant)):
+        raise GenerationError(
+            f'line {node.lineno}: a flavour lookup must read `import_("module", "Name"[, fabric=True])` with'
+            " literal arguments, so that the copy can import the class directly"
+        )
+    root = FLAVOUR_ROOTS[bool(fabric[0].value.value) if fabric else False]  # type: ignore[attr-defined]
+    return f"{root}.{args[0].value}", str(args[1].value)  # type: ignore[attr-defined]
 
-    def visit(body: list[ast.stmt]) -> None:
-        for stmt in body:
-            fields = [getattr(stmt, f, None) for f in ("body", "orelse", "finalbody")]
-            nested = [f for f in fields if isinstance(f, list)]
-            nested += [h.body for h in getattr(stmt, "handlers", [])]
-            uses_here = any(
-                isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == module
-                for n in ast.walk(stmt)
-            )
-            if not uses_here:
+
+def _is_flavour(node: ast.AST, flavour_names: set[str]) -> bool:
+    """``flavour_of(...)``, or a name bound to it."""
+    if isinstance(node, ast.Name):
+        return node.id in flavour_names
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "flavour_of"
+
+
+def _direct_imports(name: str, source: str) -> str:
+    """``source`` with every flavour lookup replaced by the class it looks up, imported at the top of the function
+    that uses it (``from lightning.pytorch.<module> import <Name>``); ``flavour_of(x).pytorch`` / ``.fabric`` by the
+    package's name; the assignments ``flavour = flavour_of(x)`` and the import of ``flavour_of`` dropped."""
+    tree = ast.parse(source)
+    flavour_names = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and _is_flavour(node.value, set())
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    spans: list[tuple[tuple[int, int], tuple[int, int], str]] = []  # ((line, col) start, end, text), 1-based lines
+    imports: dict[int, dict[str, set[str]]] = {}  # line (1-based) of a function's first statement -> module -> names
+    drop_lines: set[int] = set()
+
+    def visit(node: ast.AST, body_start: Optional[int]) -> None:
+        for child in ast.iter_child_nodes(node):
+            start = body_start
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = child.body
+                first = body[1] if len(body) > 1 and _is_docstring(body[0]) else body[0]
+                start = first.lineno
+            try:
+                lookup = _flavour_lookup(child, flavour_names) if isinstance(child, ast.Call) else None
+            except GenerationError as err:
+                raise GenerationError(f"{name}.py: {err}") from None
+            if lookup is not None:
+                if start is None:
+                    raise GenerationError(f"{name}.py: line {child.lineno}: a flavour lookup outside a function")
+                module, imported = lookup
+                imports.setdefault(start, {}).setdefault(module, set()).add(imported)
+                spans.append(((child.lineno, child.col_offset), (child.end_lineno, child.end_col_offset), imported))  # type: ignore[arg-type]
                 continue
-            if nested and not _uses_outside_blocks(stmt, module):
-                for block in nested:
-                    visit(block)
-            else:
-                found.setdefault(id(body), stmt.lineno - 1)
+            if isinstance(child, ast.JoinedStr) and any(_flavour_root(v, flavour_names) for v in child.values):
+                # f"{flavour.pytorch}.x" -> "lightning.pytorch.x"
+                text = _joined_text(child, flavour_names)
+                spans.append(((child.lineno, child.col_offset), (child.end_lineno, child.end_col_offset), text))  # type: ignore[arg-type]
+                continue
+            if isinstance(child, ast.Attribute) and child.attr in ("pytorch", "fabric"):
+                if _is_flavour(child.value, flavour_names):
+                    text = repr(FLAVOUR_ROOTS[child.attr == "fabric"]).replace("'", '"')
+                    spans.append(((child.lineno, child.col_offset), (child.end_lineno, child.end_col_offset), text))  # type: ignore[arg-type]
+                    continue
+            if isinstance(child, ast.Assign) and _is_flavour(child.value, set()):
+                if child.lineno != child.end_lineno:
+                    raise GenerationError(f"{name}.py: line {child.lineno}: `flavour = flavour_of(...)` on one line")
+                drop_lines.add(child.lineno)
+                continue
+            if isinstance(child, ast.ImportFrom) and child.module == f"serialized_restore.{FLAVOUR_MODULE}":
+                drop_lines.update(range(child.lineno, child.end_lineno + 1))  # type: ignore[operator]
+                continue
+            visit(child, start)
 
-    visit(tree.body)
-    return sorted(found.values())
+    visit(tree, None)
+    lines = source.splitlines(keepends=True)
+    indents = {line: re.match(r"\s*", lines[line - 1])[0] for line in imports}  # type: ignore[index]
+    # replace spans from the last to the first, so that earlier positions stay valid
+    for (line, col), (end_line, end_col), text in sorted(spans, reverse=True):
+        if line != end_line:
+            first, last = lines[line - 1], lines[end_line - 1]
+            lines[line - 1] = first[:col] + text + last[end_col:]
+            for i in range(line, end_line):
+                lines[i] = ""
+        else:
+            row = lines[line - 1]
+            lines[line - 1] = row[:col] + text + row[end_col:]
+    for line in drop_lines:
+        lines[line - 1] = ""
+    for line, modules in imports.items():
+        indent = indents[line]
+        block = "".join(
+            _format_import(indent, module, _isort_names(names)) for module, names in sorted(modules.items())
+        )
+        lines[line - 1] = block + "\n" + lines[line - 1]
+    text = "".join(lines)
+    if re.search(r"\bflavour(_of)?\b", _code_only(text)):
+        raise GenerationError(f"{name}.py: a flavour lookup the generator could not replace is left in the copy")
+    return text
 
 
-def _uses_outside_blocks(stmt: ast.stmt, module: str) -> bool:
-    blocks = {id(s) for f in ("body", "orelse", "finalbody") for s in getattr(stmt, f, []) or []}
-    blocks |= {id(s) for h in getattr(stmt, "handlers", []) for s in h.body}
-    for child in ast.iter_child_nodes(stmt):
-        if id(child) in blocks:
-            continue
-        for n in ast.walk(child):
-            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == module:
-                return True
-    return False
+def _flavour_root(node: ast.AST, flavour_names: set[str]) -> Optional[str]:
+    """``"lightning.pytorch"`` for ``{flavour.pytorch}`` in an f-string (``.fabric``: ``"lightning.fabric"``)."""
+    if not isinstance(node, ast.FormattedValue) or node.conversion != -1 or node.format_spec is not None:
+        return None
+    value = node.value
+    if (
+        isinstance(value, ast.Attribute)
+        and value.attr in ("pytorch", "fabric")
+        and _is_flavour(value.value, flavour_names)
+    ):
+        return FLAVOUR_ROOTS[value.attr == "fabric"]
+    return None
+
+
+def _joined_text(node: ast.JoinedStr, flavour_names: set[str]) -> str:
+    """The string literal an f-string of constants and flavour roots stands for."""
+    parts = []
+    for value in node.values:
+        root = _flavour_root(value, flavour_names)
+        if root is not None:
+            parts.append(root)
+        elif isinstance(value, ast.Constant) and isinstance(value.value, str):
+            parts.append(value.value)
+        else:
+            raise GenerationError(f"line {node.lineno}: an f-string mixes a flavour root with other values")
+    text = "".join(parts)
+    if '"' in text or "\\" in text:
+        raise GenerationError(f"line {node.lineno}: {text!r} cannot be written as a plain double-quoted literal")
+    return f'"{text}"'
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def _isort_names(names: set[str]) -> list[str]:
+    """Names in the order isort (and ruff's ``I`` rules) sort them: constants, then classes, then the rest."""
+
+    def key(name: str) -> tuple[int, str]:
+        bare = name.lstrip("_")
+        kind = 0 if bare.isupper() and len(bare) > 1 else 1 if bare[:1].isupper() else 2
+        return kind, name
+
+    return sorted(names, key=key)
+
+
+def _code_only(text: str) -> str:
+    """The source without comments and string constants (docstrings included), for leftover checks."""
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            node.value = ""
+    return ast.unparse(tree)
 
 
 class _Normalize(ast.NodeTransformer):
-    """Maps package imports to their upstream names, drops docstrings and the optional imports, wherever they are."""
+    """Maps package imports to their upstream names and drops docstrings, wherever they are;
+    a flavour lookup becomes the name it looks up (and the direct imports of Lightning names go), so that a package
+    module and its copy compare equal exactly when the copy imports what the module looked up."""
 
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST:
-        if node.module and node.module.startswith("serialized_restore."):
-            node.module = _map_module(node.module)
+    def __init__(self) -> None:
+        self.flavour_names: set[str] = set()
+
+    def visit_Module(self, node: ast.Module) -> ast.AST:
+        self.flavour_names = {
+            target.id
+            for stmt in ast.walk(node)
+            if isinstance(stmt, ast.Assign) and _is_flavour(stmt.value, set())
+            for target in stmt.targets
+            if isinstance(target, ast.Name)
+        }
+        self.generic_visit(node)
         return node
 
-    def visit_Import(self, node: ast.Import) -> Optional[ast.AST]:
-        return None if all(a.name in OPTIONAL_IMPORTS for a in node.names) else node
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> Optional[ast.AST]:
+        if node.module == f"serialized_restore.{FLAVOUR_MODULE}":
+            return None
+        if node.module and node.module.startswith("serialized_restore."):
+            node.module = _map_module(node.module)
+        elif node.module and node.module.split(".")[0] == "lightning" and not node.module.startswith(UPSTREAM_MODULE):
+            return None
+        return node
+
+    def visit_Assign(self, node: ast.Assign) -> Optional[ast.AST]:
+        if _is_flavour(node.value, set()):
+            return None
+        self.generic_visit(node)
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        lookup = _flavour_lookup(node, self.flavour_names)
+        if lookup is not None:
+            return ast.Name(id=lookup[1], ctx=ast.Load())
+        self.generic_visit(node)
+        return node
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        if node.attr in ("pytorch", "fabric") and _is_flavour(node.value, self.flavour_names):
+            return ast.Constant(value=FLAVOUR_ROOTS[node.attr == "fabric"])
+        self.generic_visit(node)
+        return node
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> ast.AST:
+        if any(_flavour_root(v, self.flavour_names) for v in node.values):
+            return ast.Constant(value=_joined_text(node, self.flavour_names)[1:-1])
+        self.generic_visit(node)
+        return node
 
     def visit_Expr(self, node: ast.Expr) -> Optional[ast.AST]:
         if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):

@@ -55,7 +55,15 @@ def build_trainer(config: dict[str, Any]) -> Any:
             from serialized_restore.lightning import Trainer as trainer_cls
         else:
             from serialized_restore import Trainer as trainer_cls
-        extra = {"serialized_checkpoint_loading": config.get("serialized", True)}
+        value = config.get("serialized", True)
+        if isinstance(value, dict):
+            # the fields of a SerializedLoading, of the package or of the patched Lightning tree
+            if PATCHED_UPSTREAM:
+                from lightning.pytorch.trainer.connectors.serialized_restore import SerializedLoading
+            else:
+                from serialized_restore import SerializedLoading
+            value = SerializedLoading(**value)
+        extra = {"serialized_checkpoint_loading": value}
     callback = make_callback_class(flavour)()
     writer = make_writer_class(flavour)(config, callback)
     pl = lightning_module(flavour)

@@ -11,8 +11,10 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+import json
 import re
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -20,11 +22,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
-from lightning.pytorch.trainer.connectors.serialized_restore import CheckpointRestoreError
+from lightning.pytorch.trainer.connectors.serialized_restore import CheckpointRestoreError, SerializedLoading
 
 
 class _AdamModel(BoringModel):
@@ -182,12 +184,11 @@ def test_serialized_checkpoint_loading_unsupported_strategy_warns(tmp_path):
     assert precision.state_dict_tensors > 0
 
 
-def test_serialized_checkpoint_loading_auto_refuses_when_no_turn_fits(tmp_path, monkeypatch):
+def test_serialized_checkpoint_loading_auto_refuses_when_no_turn_fits(tmp_path):
     """With "auto", every rank raises a `MemoryError` before reading when not even one rank can restore."""
     ckpt_path = _first_epoch_checkpoint(tmp_path)
-    monkeypatch.setenv("SERIALIZED_RESTORE_READER", "eager")
-    monkeypatch.setenv("SERIALIZED_RESTORE_AVAILABLE_MEMORY", "1")
-    trainer = _trainer(tmp_path, serialized_checkpoint_loading="auto")
+    settings = SerializedLoading(max_concurrent="auto", reader="eager", available_memory=1)
+    trainer = _trainer(tmp_path, serialized_checkpoint_loading=settings)
     with pytest.raises(MemoryError, match="not even one rank of node 0"):
         trainer.validate(_AdamModel(), ckpt_path=ckpt_path)
 
@@ -247,3 +248,61 @@ def test_serialized_resume_ddp_spawn_equals_default_restore(tmp_path):
         trainer.fit(model, ckpt_path=ckpt_path)
         results.append((model.state_dict(), trainer.global_step))
     _assert_equal(results[1], results[0])
+
+
+class _TimedHookModel(_AdamModel):
+    """Records when each rank's ``on_load_checkpoint`` ran (inside the rank's turn); can fail on one rank."""
+
+    def __init__(self, out, fail_on_rank: int = -1) -> None:
+        super().__init__()
+        self.out = out
+        self.fail_on_rank = fail_on_rank
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        started = time.time()
+        if self.global_rank == self.fail_on_rank:
+            raise RuntimeError(f"hook failed on rank {self.global_rank}")
+        time.sleep(0.5)
+        (self.out / f"turn{self.global_rank}.json").write_text(json.dumps([started, time.time()]))
+
+
+class _RecordError(Callback):
+    def __init__(self, out) -> None:
+        self.out = out
+
+    def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
+        record = {"type": type(exception).__name__, "mro": [c.__name__ for c in type(exception).__mro__]}
+        (self.out / f"error{trainer.global_rank}.json").write_text(json.dumps({**record, "message": str(exception)}))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="gloo process groups on CPU")
+def test_serialized_ranks_take_turns_in_local_rank_order(tmp_path):
+    """With two processes, the second starts its restore only after the first ended it (the hook runs in the turn)."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    trainer = _trainer(tmp_path, devices=2, strategy="ddp_spawn", max_epochs=2, serialized_checkpoint_loading=True)
+    trainer.fit(_TimedHookModel(tmp_path), ckpt_path=ckpt_path)
+    (start0, end0), (start1, end1) = (json.loads((tmp_path / f"turn{r}.json").read_text()) for r in (0, 1))
+    assert end0 <= start1, "rank 1 started its turn before rank 0 ended its own"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="gloo process groups on CPU")
+def test_serialized_failure_on_one_rank_ends_the_restore_on_every_rank(tmp_path):
+    """A hook that raises on rank 1 in its turn: every rank raises a `CheckpointRestoreError` naming rank 1 and the
+    stage, also an instance of the hook's exception type, instead of waiting for a turn that never ends."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    trainer = _trainer(
+        tmp_path,
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=2,
+        serialized_checkpoint_loading=True,
+        callbacks=[_RecordError(tmp_path)],
+    )
+    with pytest.raises(Exception, match="hook failed on rank 1"):
+        trainer.fit(_TimedHookModel(tmp_path, fail_on_rank=1), ckpt_path=ckpt_path)
+    for rank in (0, 1):
+        error = json.loads((tmp_path / f"error{rank}.json").read_text())
+        assert "CheckpointRestoreError" in error["mro"], error
+        assert "RuntimeError" in error["mro"], error
+        assert "rank 1" in error["message"], error
+        assert "restore modules and callbacks" in error["message"], error

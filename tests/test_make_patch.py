@@ -1,0 +1,92 @@
+"""The upstream patch generator's rewrite of a package module into its Lightning copy (``upstream/make_patch.py``).
+
+The whole generator runs in ``.ci/upstream_check.sh`` against the pinned sdist; these tests pin down the rewrite of
+the package's Lightning class lookups into direct imports, and that the logic check refuses a copy whose code differs.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MAKE_PATCH = Path(__file__).resolve().parents[1] / "upstream" / "make_patch.py"
+
+
+@pytest.fixture(scope="module")
+def make_patch() -> Any:
+    spec = importlib.util.spec_from_file_location("make_patch", MAKE_PATCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["make_patch"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+SOURCE = textwrap.dedent(
+    '''\
+    """A module."""
+
+    from __future__ import annotations
+
+    import logging
+    from typing import Any
+
+    from serialized_restore._flavour import flavour_of
+    from serialized_restore._turns import TurnSchedule
+
+
+    class Connector:
+        def __init__(self) -> None:
+            flavour = flavour_of(self)
+            self._log = logging.getLogger(f"{flavour.pytorch}.serialized_restore")
+
+        def choose(self, strategy: Any) -> bool:
+            """Which strategy."""
+            flavour = flavour_of(self)
+            ddp = flavour.import_("strategies", "DDPStrategy")
+            io = flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True)
+            return isinstance(strategy, ddp) and isinstance(strategy.checkpoint_io, io) and TurnSchedule is not None
+    '''
+)
+
+
+def test_lookups_become_direct_imports_and_the_copy_keeps_the_logic(make_patch: Any) -> None:
+    """Each lookup becomes the class, imported at the top of the function that uses it; the flavour's import, its
+    assignments and its package name go; the logic check accepts the copy."""
+    copy = make_patch.rewrite_module("_example", SOURCE, ["_example", "_turns"])
+    body = copy.split('"""A module."""', 1)[1]
+    assert "flavour" not in body
+    assert 'logging.getLogger("lightning.pytorch.serialized_restore")' in body
+    assert "from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO\n" in body
+    assert "from lightning.pytorch.strategies import DDPStrategy\n" in body
+    assert "ddp = DDPStrategy\n" in body and "io = TorchCheckpointIO\n" in body
+    assert "from lightning.pytorch.trainer.connectors.serialized_restore.turns import TurnSchedule" in body
+    # the imports open the function's body, after its docstring
+    function = next(n for n in ast.walk(ast.parse(copy)) if isinstance(n, ast.FunctionDef) and n.name == "choose")
+    assert [type(stmt).__name__ for stmt in function.body[:3]] == ["Expr", "ImportFrom", "ImportFrom"]
+
+
+def test_a_copy_whose_code_differs_is_refused(make_patch: Any) -> None:
+    """The logic check compares the package module with its copy, lookups read as the names they look up: a copy
+    importing another class than the one looked up is refused."""
+    copy = make_patch.rewrite_module("_example", SOURCE, ["_example", "_turns"])
+    make_patch._check_same_logic("_example", SOURCE, copy)
+    wrong = copy.replace("ddp = DDPStrategy", "ddp = SingleDeviceStrategy")
+    with pytest.raises(make_patch.GenerationError, match="differs from the package's"):
+        make_patch._check_same_logic("_example", SOURCE, wrong)
+
+
+def test_a_lookup_without_literal_arguments_is_refused(make_patch: Any) -> None:
+    """A lookup whose class name is computed cannot become an import: the generator stops, naming the module."""
+    source = SOURCE.replace(
+        'ddp = flavour.import_("strategies", "DDPStrategy")',
+        'ddp = [flavour.import_("strategies", n) for n in ("DDPStrategy",)][0]',
+    )
+    with pytest.raises(make_patch.GenerationError, match=r"_example\.py: .*literal arguments"):
+        make_patch.rewrite_module("_example", source, ["_example", "_turns"])
