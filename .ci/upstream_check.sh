@@ -94,10 +94,10 @@ EOF
 step "Lightning's mypy and its configuration on the modules the patch touches"
 # Lightning's CI type-checks src/lightning with the mypy of its requirements/typing.txt and the [tool.mypy] section of
 # pyproject.toml; here only the touched modules' findings count (--follow-imports=silent: the rest of Lightning is
-# read for types, its own findings under this torch are not this patch's; --no-install-types: no stub packages are
-# fetched, ignore_missing_imports covers their absence)
+# read for types, its own findings under this torch are not this patch's; as there, mypy installs the stub packages
+# it is missing, into the throwaway environment)
 mapfile -t TOUCHED_SRC < <(printf '%s\n' "${TOUCHED[@]}" | grep '^src/')
-(cd "$TREE" && "$VPY" -m mypy --config-file pyproject.toml --follow-imports=silent --no-install-types \
+(cd "$TREE" && "$VPY" -m mypy --config-file pyproject.toml --follow-imports=silent \
   --cache-dir "$WORK/mypy-cache" "${TOUCHED_SRC[@]}") \
   || fail "Lightning's mypy settings flag the patched modules"
 

@@ -388,12 +388,11 @@ def _direct_imports(name: str, source: str) -> str:
     drop_lines: set[int] = set()
 
     def visit(node: ast.AST, body_start: Optional[int]) -> None:
+        # body_start: where the function's new imports go (> 0: before that line; < 0: after line -body_start)
         for child in ast.iter_child_nodes(node):
             start = body_start
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                body = child.body
-                first = body[1] if len(body) > 1 and _is_docstring(body[0]) else body[0]
-                start = first.lineno
+                start = _import_position(name, child)
             try:
                 lookup = _flavour_lookup(child, flavour_names) if isinstance(child, ast.Call) else None
             except GenerationError as err:
@@ -422,12 +421,16 @@ def _direct_imports(name: str, source: str) -> str:
                 continue
             if isinstance(child, ast.ImportFrom) and child.module == f"serialized_restore.{FLAVOUR_MODULE}":
                 drop_lines.update(range(child.lineno, child.end_lineno + 1))  # type: ignore[operator]
+                source_lines = source.splitlines()
+                before, after = child.lineno - 2, child.end_lineno  # 0-based neighbours
+                if 0 <= before and after < len(source_lines) and not source_lines[before] and not source_lines[after]:
+                    drop_lines.add(after + 1)  # an import section of its own: one blank line stays, as isort wants
                 continue
             visit(child, start)
 
     visit(tree, None)
     lines = source.splitlines(keepends=True)
-    indents = {line: re.match(r"\s*", lines[line - 1])[0] for line in imports}  # type: ignore[index]
+    indents = {line: re.match(r"\s*", lines[abs(line) - 1])[0] for line in imports}  # type: ignore[index]
     # replace spans from the last to the first, so that earlier positions stay valid
     for (line, col), (end_line, end_col), text in sorted(spans, reverse=True):
         if line != end_line:
@@ -445,11 +448,36 @@ def _direct_imports(name: str, source: str) -> str:
         block = "".join(
             _format_import(indent, module, _isort_names(names)) for module, names in sorted(modules.items())
         )
-        lines[line - 1] = block + "\n" + lines[line - 1]
+        if line > 0:
+            lines[line - 1] = block + "\n" + lines[line - 1]
+        else:
+            # after the function's own imports of other packages: Lightning's come last, as a section of their own
+            lines[-line - 1] = lines[-line - 1] + "\n" + block
     text = "".join(lines)
     if re.search(r"\bflavour(_of)?\b", _code_only(text)):
         raise GenerationError(f"{name}.py: a flavour lookup the generator could not replace is left in the copy")
     return text
+
+
+def _import_position(name: str, function: ast.AST) -> int:
+    """Where the direct imports of ``function`` go: before its first statement after the docstring (a positive line),
+    or, when it opens with imports (of other packages), after the last of them (the line, negated)."""
+    body = function.body  # type: ignore[attr-defined]
+    i = 1 if len(body) > 1 and _is_docstring(body[0]) else 0
+    leading = []
+    while i < len(body) and isinstance(body[i], (ast.Import, ast.ImportFrom)):
+        leading.append(body[i])
+        i += 1
+    if not leading:
+        return body[min(i, len(body) - 1)].lineno
+    for stmt in leading:
+        modules = [a.name for a in stmt.names] if isinstance(stmt, ast.Import) else [stmt.module or ""]
+        if any(m.split(".")[0] in ("serialized_restore", "lightning") for m in modules):
+            raise GenerationError(
+                f"{name}.py: line {stmt.lineno}: a function that looks Lightning classes up imports from the package"
+                " or Lightning itself: the generator would have to merge the imports; import at the top instead"
+            )
+    return -int(leading[-1].end_lineno)  # type: ignore[arg-type]
 
 
 def _flavour_root(node: ast.AST, flavour_names: set[str]) -> Optional[str]:
