@@ -11,7 +11,9 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+import glob
 import json
+import os
 import re
 import sys
 import time
@@ -22,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
@@ -64,7 +66,11 @@ class _RecordingPrecision(Precision):
 
 
 def _trainer(tmp_path, **kwargs: Any) -> Trainer:
-    defaults = {
+    return Trainer(**{**_trainer_defaults(tmp_path), **kwargs})
+
+
+def _trainer_defaults(tmp_path) -> dict[str, Any]:
+    return {
         "default_root_dir": tmp_path,
         "accelerator": "cpu",
         "devices": 1,
@@ -76,7 +82,6 @@ def _trainer(tmp_path, **kwargs: Any) -> Trainer:
         "num_sanity_val_steps": 0,
         "limit_val_batches": 0,
     }
-    return Trainer(**{**defaults, **kwargs})
 
 
 def _first_epoch_checkpoint(tmp_path) -> str:
@@ -266,13 +271,22 @@ class _TimedHookModel(_AdamModel):
         (self.out / f"turn{self.global_rank}.json").write_text(json.dumps([started, time.time()]))
 
 
-class _RecordError(Callback):
-    def __init__(self, out) -> None:
-        self.out = out
+class _RecordingTrainer(Trainer):
+    """Writes what each rank raised from inside ``_run`` (which runs in every spawned worker), then waits until every
+    rank has (at most 60 s): the launcher terminates the other workers once one has exited."""
 
-    def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
-        record = {"type": type(exception).__name__, "mro": [c.__name__ for c in type(exception).__mro__]}
-        (self.out / f"error{trainer.global_rank}.json").write_text(json.dumps({**record, "message": str(exception)}))
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super()._run(*args, **kwargs)
+        except BaseException as err:
+            out = self.default_root_dir
+            record = {"mro": [c.__name__ for c in type(err).__mro__], "message": str(err)}
+            with open(os.path.join(out, f"error{self.global_rank}.json"), "w") as f:
+                json.dump(record, f)
+            deadline = time.time() + 60
+            while time.time() < deadline and len(glob.glob(os.path.join(out, "error*.json"))) < self.world_size:
+                time.sleep(0.05)
+            raise
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="gloo process groups on CPU")
@@ -290,18 +304,14 @@ def test_serialized_failure_on_one_rank_ends_the_restore_on_every_rank(tmp_path)
     """A hook that raises on rank 1 in its turn: every rank raises a `CheckpointRestoreError` naming rank 1 and the
     stage, also an instance of the hook's exception type, instead of waiting for a turn that never ends."""
     ckpt_path = _first_epoch_checkpoint(tmp_path)
-    trainer = _trainer(
-        tmp_path,
-        devices=2,
-        strategy="ddp_spawn",
-        max_epochs=2,
-        serialized_checkpoint_loading=True,
-        callbacks=[_RecordError(tmp_path)],
-    )
+    out = tmp_path / "spawned"
+    out.mkdir()
+    options = {"devices": 2, "strategy": "ddp_spawn", "max_epochs": 2, "serialized_checkpoint_loading": True}
+    trainer = _RecordingTrainer(**{**_trainer_defaults(out), **options})
     with pytest.raises(Exception, match="hook failed on rank 1"):
         trainer.fit(_TimedHookModel(tmp_path, fail_on_rank=1), ckpt_path=ckpt_path)
     for rank in (0, 1):
-        error = json.loads((tmp_path / f"error{rank}.json").read_text())
+        error = json.loads((out / f"error{rank}.json").read_text())
         assert "CheckpointRestoreError" in error["mro"], error
         assert "RuntimeError" in error["mro"], error
         assert "rank 1" in error["message"], error
