@@ -85,14 +85,17 @@ TRAINER_EDITS = [
     ),
     (
         "from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector\n",
-        "from lightning.pytorch.trainer.connectors.serialized_restore import"
-        " RestoreOptions, _SerializedCheckpointConnector\n"
+        "from lightning.pytorch.trainer.connectors.serialized_restore import (\n"
+        "    RestoreOptions,\n"
+        "    SerializedLoading,\n"
+        "    _SerializedCheckpointConnector,\n"
+        ")\n"
         "from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector\n",
     ),
     (
         "        model_registry: Optional[str] = None,\n    ) -> None:\n",
         "        model_registry: Optional[str] = None,\n"
-        "        serialized_checkpoint_loading: Union[bool, int, str] = False,\n"
+        "        serialized_checkpoint_loading: Union[bool, int, str, SerializedLoading] = False,\n"
         "    ) -> None:\n",
     ),
     (
@@ -102,8 +105,9 @@ TRAINER_EDITS = [
         "                to bound the host memory a restore needs. ``False`` restores as before. ``True``: the local\n"
         "                ranks of each node restore one at a time, nodes in parallel, each freeing what it no longer\n"
         "                needs as soon as it is restored. A positive int ``k``: at most ``k`` local ranks of a node\n"
-        '                restore at once. ``"auto"``: ``k`` is chosen per node from the memory available. Applies to\n'
-        "                single-device and DDP strategies; others warn and restore as before.\n"
+        '                restore at once. ``"auto"``: ``k`` is chosen per node from the memory available. A\n'
+        "                ``SerializedLoading(...)`` sets every setting (the reader, the timeouts, the memory ``\"auto\"``\n"
+        "                assumes). Applies to single-device, DDP and FSDP strategies; others warn and restore as before.\n"
         "                Default: ``False``.\n\n",
     ),
     (
@@ -116,7 +120,7 @@ TRAINER_EDITS = [
         "        self._checkpoint_connector._user_managed = bool(ckpt_path)\n\n",
         "        self._checkpoint_connector._user_managed = bool(ckpt_path)\n\n"
         "    @property\n"
-        "    def serialized_checkpoint_loading(self) -> Union[bool, int, str]:\n"
+        "    def serialized_checkpoint_loading(self) -> Union[bool, int, str, SerializedLoading]:\n"
         '        """The ``serialized_checkpoint_loading`` value the Trainer was built with."""\n'
         "        return self._checkpoint_connector._options.value  # type: ignore[return-value]\n\n",
     ),
