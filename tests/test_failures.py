@@ -258,7 +258,7 @@ def test_a_rank_killed_in_its_turn_ends_a_ddp_job(tmp_path, checkpoint_dir):
     fragments = (
         "rank 1 (node 0, local rank 1)",
         "exited while inside its turn",
-        "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT",
+        "`SerializedLoading(heartbeat_timeout=...)`",
     )
     _assert_dead_rank_reported(run, name, 3, 1, fragments)
     if run.ranks(name):
