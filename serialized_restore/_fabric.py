@@ -14,8 +14,9 @@ allocates only what the rank keeps), copies into private memory what the rank ke
 
 So nothing the caller holds after ``load`` is backed by the file, and a rank waiting for its turn holds nothing of
 the checkpoint. The schedule, the readers and the errors are the Trainer's; the rules for strategies are too: single
-device and the DDP family in turns; FSDP (which reads a full checkpoint lazily and a sharded one rank by rank),
-and any strategy that overrides ``load_checkpoint`` or ``load_module_state_dict``, as upstream.
+device and the DDP family in turns; FSDP with a full checkpoint with its ranks together, memory-mapped, each rank
+copying only its shard (``_fsdp.py``), and with a sharded one as upstream (each rank reads its own shards); any
+strategy that overrides ``load_checkpoint`` or ``load_module_state_dict``, as upstream.
 """
 
 from __future__ import annotations
