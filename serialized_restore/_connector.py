@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from serialized_restore._flavour import flavour_of
-from serialized_restore._fsdp import FULL, SHARDED, checkpoint_kind, fsdp_strategy_class, load_full_checkpoint
+from serialized_restore._fsdp import FULL, checkpoint_kind, fsdp_strategy_class, load_full_checkpoint, upstream_reason
 from serialized_restore._options import RestoreOptions
 from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size, placement_of
 from serialized_restore._readers import LoadedCheckpoint, copy_kept_out_of_mapping, read_checkpoint, storages_of
@@ -369,12 +369,7 @@ class _SerializedCheckpointConnectorMixin:
             kind, why = checkpoint_kind(strategy, strategy.broadcast(checkpoint_path))
             if kind == FULL:
                 return RestorePath.FSDP_FULL
-            self._rank_zero_info(
-                "serialized restore: each FSDP rank reads only its own shards of a sharded checkpoint; no turns are"
-                " needed."
-                if kind == SHARDED
-                else f"serialized restore: FSDP's own restore is used as is: {why}."
-            )
+            self._rank_zero_info(upstream_reason(kind, why, "restore"))
             return RestorePath.UPSTREAM
         if base is not None and not overridden and not strategy.restore_checkpoint_after_setup:
             return RestorePath.TURNS

@@ -31,7 +31,7 @@ import torch
 
 from serialized_restore._environment import options_from
 from serialized_restore._flavour import flavour_of
-from serialized_restore._fsdp import FULL, SHARDED, checkpoint_kind, load_optimizer_states, load_weights
+from serialized_restore._fsdp import FULL, checkpoint_kind, load_optimizer_states, load_weights, upstream_reason
 from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size, placement_of
 from serialized_restore._readers import (
     LoadedCheckpoint,
@@ -156,13 +156,8 @@ class SerializedFabricMixin:
         modules = {key: obj for key, obj in state.items() if has_fsdp_modules(obj)}
         kind, why = checkpoint_kind(strategy, path)
         if kind != FULL or len(modules) != 1:
-            if kind == SHARDED:
-                rank_zero_info(
-                    "serialized restore: each FSDP rank reads only its own shards of a sharded checkpoint; no turns"
-                    " are needed."
-                )
-            elif kind is None:
-                rank_zero_info(f"serialized restore: FSDP's own load is used as is: {why}.")
+            if kind != FULL:
+                rank_zero_info(upstream_reason(kind, why, "load"))
             return upstream(path=path, state=state, strict=strict, weights_only=weights_only)
         rank_zero_info(
             "serialized restore: FSDP loads with collectives, so its ranks load together instead of in turns; the"

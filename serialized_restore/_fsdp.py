@@ -57,6 +57,19 @@ def checkpoint_kind(strategy: Any, path: Any) -> tuple[str | None, str]:
     return (FULL, "") if reason is None else (None, reason)
 
 
+_SHARDED_INFO = (
+    "serialized restore: each FSDP rank reads only its own shards of a sharded checkpoint; no turns are needed."
+)
+
+
+def upstream_reason(kind: str | None, why: str, verb: str) -> str:
+    """The INFO line for a checkpoint FSDP's own code restores (``kind`` and ``why`` from :func:`checkpoint_kind`,
+    not ``FULL``); ``verb``: ``"restore"`` (Trainer) or ``"load"`` (Fabric)."""
+    if kind == SHARDED:
+        return _SHARDED_INFO
+    return f"serialized restore: FSDP's own {verb} is used as is: {why}."
+
+
 def load_full_checkpoint(
     strategy: Any, path: Any, weights_only: bool | None, fitting: bool, schedule: TurnSchedule
 ) -> dict[str, Any]:
