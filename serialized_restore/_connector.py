@@ -57,8 +57,10 @@ class RestorePath(enum.Enum):
 
     TURNS = "turns"
     """Single device and the DDP family: both stages in per-node turns."""
+    # series: fsdp
     FSDP_FULL = "fsdp-full"
     """FSDP and a full checkpoint: every rank together, memory-mapped (``_fsdp.py``)."""
+    # series: end
     UPSTREAM = "upstream"
     """Anything else, or the option off: upstream's restore, untouched."""
 
@@ -68,9 +70,11 @@ class OptimizerSource(enum.Enum):
 
     IN_DICT = "in the dict"
     """Already in private memory in the cached dict (read eagerly and changed by a hook, or FSDP's own copy)."""
+    # series: mmap
     COPY_FROM_MAPPING = "copy from the mapping"
     """Views of the memory-mapped file: handed to the optimizers, and what they keep of it copied into private memory
     in the rank's stage-2 turn."""
+    # series: end
     READ_AGAIN = "read again"
     """Read eagerly and dropped after stage 1 (no hook changed it): read the file again in the stage-2 turn."""
 
@@ -90,8 +94,10 @@ class _Restore:
     fitting: bool
     schedule: TurnSchedule | None = None
     """Stage 1's schedule, taken by stage 2 (``TURNS`` only); ``None`` once stage 2 started or after a failure."""
+    # series: remote
     local_copy: NodeLocalCopy | None = None
     """The node's private copy of a remote checkpoint, removed once every rank ended stage 2."""
+    # series: end
     reading: bool = False
     """Inside stage 1's ``resume_start``: read with this restore's reader, not upstream's."""
     loaded: LoadedCheckpoint | None = None
@@ -107,7 +113,11 @@ class _Restore:
 
     def read_path(self) -> Any:
         """Where the rank reads: the checked local copy of a remote checkpoint, else the path given."""
-        return self.local_copy.checked_path() if self.local_copy is not None else self.path
+        # series: remote
+        if self.local_copy is not None:
+            return self.local_copy.checked_path()
+        # series: end
+        return self.path
 
 
 class _SerializedCheckpointConnectorMixin:
@@ -152,15 +162,24 @@ class _SerializedCheckpointConnectorMixin:
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
             return
         restore = self._restore = _Restore(checkpoint_path, how, weights_only, self._fitting())
+        # series: fsdp
         if how is RestorePath.FSDP_FULL:
             self._restore_fsdp_full(restore)
             return
+        # series: end
         # as upstream's resume_start does first, also on a rank whose turn never comes because another rank failed
         self._ckpt_path = checkpoint_path
         try:
+            # series: remote
             if is_remote(checkpoint_path):
                 self._fetch(restore)
+            # series: end
+            # series: auto
             schedule = self._make_schedule(checkpoint_path, self._decide_max_concurrent(restore))
+            # series: before auto
+            # assert self._options.max_concurrent is not None  # the option is on
+            # schedule = self._make_schedule(checkpoint_path, self._options.max_concurrent)
+            # series: end
             with schedule.turn(STAGE_MODULES) as record:
                 restore.reading = True
                 try:
@@ -175,6 +194,7 @@ class _SerializedCheckpointConnectorMixin:
             raise
         restore.schedule = schedule
 
+    # series: remote
     def _fetch(self, restore: _Restore) -> None:
         """(all ranks) Local rank 0 of each node downloads the remote checkpoint into a new private directory; every
         rank of the node takes its path from the store and checks it, in a second round, so that a refusal on any
@@ -189,11 +209,14 @@ class _SerializedCheckpointConnectorMixin:
         with schedule.turn(STAGE_CHECK):
             copy.adopt(decision)
 
+    # series: end
+
     def _abandon(self, restore: _Restore) -> None:
         """(each rank, after a failed stage) Free the cached checkpoint and the local copy; resume_end won't run."""
         self._loaded_checkpoint = {}
         restore.failed = True
         restore.schedule = restore.loaded = restore.fingerprint = None
+        # series: remote
         self._remove_local_copy(restore)
 
     def _remove_local_copy(self, restore: _Restore) -> None:
@@ -201,7 +224,9 @@ class _SerializedCheckpointConnectorMixin:
         if copy is not None and self.trainer.local_rank == 0:
             copy.remove()
             atexit.unregister(copy.remove)
+        # series: end
 
+    # series: fsdp
     def _restore_fsdp_full(self, restore: _Restore) -> None:
         """(all ranks together) Stage 1 for FSDP and a full checkpoint: see ``_fsdp.py``; no turns (collectives).
 
@@ -221,6 +246,7 @@ class _SerializedCheckpointConnectorMixin:
         finally:
             restore.reading = False
 
+    # series: end
     def resume_start(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
         """Upstream's ``resume_start``, except inside a serialized restore's stage 1: then read with the restore's
         reader (in the rank's turn), or through FSDP's full-checkpoint path."""
@@ -230,6 +256,7 @@ class _SerializedCheckpointConnectorMixin:
             return
         self._ckpt_path = checkpoint_path
         self._rank_zero_info(f"Restoring states from the checkpoint path at {checkpoint_path}")
+        # series: fsdp
         if restore.how is RestorePath.FSDP_FULL:
             strategy = self.trainer.strategy
             schedule = self._make_schedule(checkpoint_path, local_world_size(strategy))
@@ -237,14 +264,23 @@ class _SerializedCheckpointConnectorMixin:
             restore.loaded = LoadedCheckpoint({}, "mmap", 0)
             self._loaded_checkpoint = self._migrate(checkpoint, checkpoint_path)
             return
+        # series: end
+        # series: mmap
         restore.loaded = self._read(restore, self._options.reader)
+        # series: before mmap
+        # restore.loaded = self._read(restore)
+        # series: end
         self._loaded_checkpoint = restore.loaded.checkpoint
         restore.loaded.checkpoint = {}  # the dict lives in _loaded_checkpoint only
         if restore.fitting:
+            # series: mmap
             if restore.reader == "mmap":
                 restore.optimizer_source = OptimizerSource.COPY_FROM_MAPPING
             else:
                 restore.fingerprint = _Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
+            # series: before mmap
+            # restore.fingerprint = _Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
+            # series: end
 
     def _release_after_modules(self, restore: _Restore) -> None:
         """(one rank, end of its stage-1 turn) Drop what the second stage does not need."""
@@ -293,6 +329,7 @@ class _SerializedCheckpointConnectorMixin:
                 restore.optimizer_source is OptimizerSource.READ_AGAIN or not _load_in_place(self.trainer.optimizers)
             )
             with schedule.turn(STAGE_TRAINING_STATE, ordered=in_turns, logged=restore.fitting) as record:
+                # series: mmap
                 mapped = self._prepare_optimizer_states(restore, record)
                 try:
                     super().restore_training_state()  # type: ignore[misc]
@@ -300,12 +337,18 @@ class _SerializedCheckpointConnectorMixin:
                     # also when a later step failed: no optimizer keeps pages of the file (which may be deleted)
                     if mapped:
                         record.bytes_copied = copy_kept_out_of_mapping(self.trainer.optimizers, mapped)
+                # series: before mmap
+                # self._prepare_optimizer_states(restore, record)
+                # super().restore_training_state()  # type: ignore[misc]
+                # series: end
                 self._loaded_checkpoint = {}
         except BaseException:
             self._abandon(restore)
             raise
+        # series: remote
         # every rank of the job has ended the stage: nobody reads the local copy any more
         self._remove_local_copy(restore)
+        # series: end
 
     def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> set[int]:
         """Give the cached dict its optimizer state; the storages of the mapped file it hands the optimizers, whose
@@ -315,26 +358,44 @@ class _SerializedCheckpointConnectorMixin:
             return set()
         source, restore.optimizer_source = restore.optimizer_source, OptimizerSource.IN_DICT
         if source is OptimizerSource.READ_AGAIN:
+            # series: mmap
             reread = self._read(restore, "eager")
+            # series: before mmap
+            # reread = self._read(restore)
+            # series: end
             self._loaded_checkpoint["optimizer_states"] = reread.checkpoint["optimizer_states"]
             record.bytes_read, record.reader = reread.bytes_read, reread.reader
+        # series: mmap
         elif source is OptimizerSource.COPY_FROM_MAPPING and "optimizer_states" in self._loaded_checkpoint:
             return storages_of(self._loaded_checkpoint["optimizer_states"])
+        # series: end
         return set()
 
     def resume_end(self) -> None:
+        # series: remote
         restore, self._restore = self._restore, None
         if restore is not None:
             self._remove_local_copy(restore)
+        # series: before remote
+        # self._restore = None
+        # series: end
         super().resume_end()  # type: ignore[misc]
 
     # ------------------------------------------------------------- helpers
 
+    # series: mmap
     def _read(self, restore: _Restore, reader: str) -> LoadedCheckpoint:
         """(one rank, inside its turn) Read and migrate the whole checkpoint with ``reader``."""
         strategy, source = self.trainer.strategy, restore.read_path()
         with flavour_of(self).import_("utilities.migration", "pl_legacy_patch")():
             loaded = read_checkpoint(strategy, source, restore.weights_only, reader, self._log)
+        # series: before mmap
+        # def _read(self, restore: _Restore) -> LoadedCheckpoint:
+        #     """(one rank, inside its turn) Read and migrate the whole checkpoint."""
+        #     strategy, source = self.trainer.strategy, restore.read_path()
+        #     with flavour_of(self).import_("utilities.migration", "pl_legacy_patch")():
+        #         loaded = read_checkpoint(strategy, source, restore.weights_only)
+        # series: end
         loaded.checkpoint = self._migrate(loaded.checkpoint, restore.path)
         return loaded
 
@@ -358,12 +419,17 @@ class _SerializedCheckpointConnectorMixin:
         """
         strategy = self.trainer.strategy
         flavour = flavour_of(self)
+        bases: list[type] = [
+            flavour.import_("strategies", "DDPStrategy"),
+            flavour.import_("strategies", "SingleDeviceStrategy"),
+        ]
+        # series: fsdp
         fsdp = fsdp_strategy_class(strategy)
-        ddp = flavour.import_("strategies", "DDPStrategy")
-        single = flavour.import_("strategies", "SingleDeviceStrategy")
-        bases = (ddp, single, fsdp)
+        bases.append(fsdp)
+        # series: end
         base = next((b for b in bases if isinstance(strategy, b)), None)
         overridden = [m for m in _RESTORE_METHODS if getattr(type(strategy), m) is not getattr(base, m)] if base else []
+        # series: fsdp
         if base is fsdp and not overridden:
             # FSDP's own load_checkpoint broadcasts the path from rank 0 first: every rank decides on the same path
             kind, why = checkpoint_kind(strategy, strategy.broadcast(checkpoint_path))
@@ -371,6 +437,7 @@ class _SerializedCheckpointConnectorMixin:
                 return RestorePath.FSDP_FULL
             self._rank_zero_info(upstream_reason(kind, why, "restore"))
             return RestorePath.UPSTREAM
+        # series: end
         if base is not None and not overridden and not strategy.restore_checkpoint_after_setup:
             return RestorePath.TURNS
         if type(strategy) not in self._warned_strategies:
@@ -386,12 +453,19 @@ class _SerializedCheckpointConnectorMixin:
             )
         return RestorePath.UPSTREAM
 
+    # series: auto
     def _decide_max_concurrent(self, restore: _Restore) -> int:
         """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it (``_plan.py``)."""
-        source = restore.local_copy.path if restore.local_copy is not None else restore.path
+        source = restore.path
+        # series: remote
+        if restore.local_copy is not None:
+            source = restore.local_copy.path
+        # series: end
         return decide_max_concurrent(
             self._options, self.trainer.strategy, self._placement(), restore.path, source, self._log
         )
+
+    # series: end
 
     def _make_schedule(self, checkpoint_path: Any, max_concurrent: int) -> TurnSchedule:
         """(all ranks) A schedule over the job's default store (none for a single process)."""

@@ -31,6 +31,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -40,7 +42,6 @@ PACKAGE = REPO / "serialized_restore"
 TREE = HERE / "tree"
 """Hand-written upstream files, at their paths in the Lightning repository."""
 
-PATCH = HERE / "serialized-checkpoint-loading.patch"
 DOCS_PATCH = HERE / "serialized-checkpoint-loading-docs.patch"
 
 UPSTREAM_MODULE = "lightning.pytorch.trainer.connectors.serialized_restore"
@@ -77,54 +78,100 @@ LIGHTNING_DEPENDENCIES = ("torch", "lightning_utilities", "fsspec", "typing_exte
 """Third-party modules a copied module may import at its top: what Lightning itself requires. Anything else (psutil)
 the package imports where it is used, guarded by ``RequirementCache``, as Lightning guards optional packages."""
 
-# (anchor, replacement) pairs applied to upstream files; every anchor must occur exactly once
-TRAINER_EDITS = [
+# the argument's docstring in Trainer.__init__, as of each step: (sentence, the step that adds it, the step that
+# replaces it or None)
+TRAINER_DOC = (
     (
-        "from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector\n",
-        "",
+        "Whether the processes of each node restore a checkpoint in turns, to bound the host memory a restore needs.",
+        "core",
+        None,
     ),
     (
-        "from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector\n",
-        "from lightning.pytorch.trainer.connectors.serialized_restore import (\n"
-        "    RestoreOptions,\n"
-        "    SerializedLoading,\n"
-        "    _SerializedCheckpointConnector,\n"
-        ")\n"
-        "from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector\n",
+        "``False`` restores as before. ``True``: the local ranks of each node restore one at a time, nodes in"
+        " parallel, each freeing what it no longer needs as soon as it is restored. A positive int ``k``: at most"
+        " ``k`` local ranks of a node restore at once.",
+        "core",
+        None,
+    ),
+    ('``"auto"``: ``k`` is chosen per node from the memory available.', "auto", None),
+    ("A ``SerializedLoading(...)`` sets every setting (the timeouts).", "core", "mmap"),
+    ("A ``SerializedLoading(...)`` sets every setting (the reader, the timeouts).", "mmap", "auto"),
+    (
+        'A ``SerializedLoading(...)`` sets every setting (the reader, the timeouts, the memory ``"auto"`` assumes).',
+        "auto",
+        "remote",
     ),
     (
-        "        model_registry: Optional[str] = None,\n    ) -> None:\n",
-        "        model_registry: Optional[str] = None,\n"
-        "        serialized_checkpoint_loading: Union[bool, int, str, SerializedLoading] = False,\n"
-        "    ) -> None:\n",
+        'A ``SerializedLoading(...)`` sets every setting (the reader, the timeouts, the memory ``"auto"`` assumes, the'
+        " directory of a remote checkpoint's local copy).",
+        "remote",
+        None,
     ),
-    (
-        "            model_registry: The name of the model being uploaded to Model hub.\n\n",
-        "            model_registry: The name of the model being uploaded to Model hub.\n\n"
-        "            serialized_checkpoint_loading: Whether the processes of each node restore a checkpoint in turns,\n"
-        "                to bound the host memory a restore needs. ``False`` restores as before. ``True``: the local\n"
-        "                ranks of each node restore one at a time, nodes in parallel, each freeing what it no longer\n"
-        "                needs as soon as it is restored. A positive int ``k``: at most ``k`` local ranks of a node\n"
-        '                restore at once. ``"auto"``: ``k`` is chosen per node from the memory available. A\n'
-        "                ``SerializedLoading(...)`` sets every setting (the reader, the timeouts, the memory ``\"auto\"``\n"
-        "                assumes). Applies to single-device, DDP and FSDP strategies; others warn and restore as before.\n"
-        "                Default: ``False``.\n\n",
-    ),
-    (
-        "        self._checkpoint_connector = _CheckpointConnector(self)\n",
-        "        self._checkpoint_connector = _SerializedCheckpointConnector(\n"
-        "            self, RestoreOptions.parse(serialized_checkpoint_loading)\n"
-        "        )\n",
-    ),
-    (
-        "        self._checkpoint_connector._user_managed = bool(ckpt_path)\n\n",
-        "        self._checkpoint_connector._user_managed = bool(ckpt_path)\n\n"
-        "    @property\n"
-        "    def serialized_checkpoint_loading(self) -> Union[bool, int, str, SerializedLoading]:\n"
-        '        """The ``serialized_checkpoint_loading`` value the Trainer was built with."""\n'
-        "        return self._checkpoint_connector._options.value  # type: ignore[return-value]\n\n",
-    ),
-]
+    ("Applies to single-device and DDP strategies; others warn and restore as before.", "core", "fsdp"),
+    ("Applies to single-device, DDP and FSDP strategies; others warn and restore as before.", "fsdp", None),
+    ("Default: ``False``.", "core", None),
+)
+
+
+def _present(step: int, added: str, replaced: Optional[str]) -> bool:
+    return STEP_NAMES.index(added) <= step and (replaced is None or step < STEP_NAMES.index(replaced))
+
+
+def trainer_edits(step: int) -> list[tuple[str, str]]:
+    """(anchor, replacement) pairs applied to ``trainer.py`` as of ``step``; every anchor must occur exactly once."""
+    doc = " ".join(text for text, added, replaced in TRAINER_DOC if _present(step, added, replaced))
+    doc = textwrap.fill(
+        "serialized_checkpoint_loading: " + doc,
+        width=LINE_LENGTH,
+        initial_indent=" " * 12,
+        subsequent_indent=" " * 16,
+        break_on_hyphens=False,
+    )
+    kind = (
+        "Union[bool, int, str, SerializedLoading]"
+        if step >= STEP_NAMES.index("auto")
+        else "Union[bool, int, SerializedLoading]"
+    )
+    return [
+        (
+            "from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector\n",
+            "",
+        ),
+        (
+            "from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector\n",
+            "from lightning.pytorch.trainer.connectors.serialized_restore import (\n"
+            "    RestoreOptions,\n"
+            "    SerializedLoading,\n"
+            "    _SerializedCheckpointConnector,\n"
+            ")\n"
+            "from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector\n",
+        ),
+        (
+            "        model_registry: Optional[str] = None,\n    ) -> None:\n",
+            "        model_registry: Optional[str] = None,\n"
+            f"        serialized_checkpoint_loading: {kind} = False,\n"
+            "    ) -> None:\n",
+        ),
+        (
+            "            model_registry: The name of the model being uploaded to Model hub.\n\n",
+            "            model_registry: The name of the model being uploaded to Model hub.\n\n" + doc + "\n\n",
+        ),
+        (
+            "        self._checkpoint_connector = _CheckpointConnector(self)\n",
+            "        self._checkpoint_connector = _SerializedCheckpointConnector(\n"
+            "            self, RestoreOptions.parse(serialized_checkpoint_loading)\n"
+            "        )\n",
+        ),
+        (
+            "        self._checkpoint_connector._user_managed = bool(ckpt_path)\n\n",
+            "        self._checkpoint_connector._user_managed = bool(ckpt_path)\n\n"
+            "    @property\n"
+            f"    def serialized_checkpoint_loading(self) -> {kind}:\n"
+            '        """The ``serialized_checkpoint_loading`` value the Trainer was built with."""\n'
+            "        return self._checkpoint_connector._options.value  # type: ignore[return-value]\n\n",
+        ),
+    ]
+
 
 CALL = "src/lightning/pytorch/trainer/call.py"
 # the package's Trainer._run does this before Lightning's handler runs the on_exception hooks; upstream, the handler
@@ -141,11 +188,6 @@ CALL_EDITS = [
         '    _call_callback_hooks(trainer, "on_exception", exception)\n',
     ),
 ]
-
-CHANGELOG_ENTRY = (
-    "- Added `Trainer(serialized_checkpoint_loading=...)` to restore checkpoints in per-node turns, bounding the host"
-    " memory of resuming with DDP ([#9406](https://github.com/Lightning-AI/pytorch-lightning/issues/9406))\n"
-)
 
 DOCS_FILE = "docs/source-pytorch/common/checkpointing_basic.rst"
 # where the tip goes: after the example of the "Resume training state" section, before its warning (upstream text)
@@ -182,8 +224,9 @@ DOCS_TIP = """\
 """
 
 PATCH_PREAMBLE = """\
-Support serialized checkpoint loading (#9406): Trainer(serialized_checkpoint_loading=...)
+{title}
 
+Serialized checkpoint loading (#9406), {place}.
 Generated by upstream/make_patch.py from serialized_restore {version} against lightning {lightning}; do not edit.
 {how}
 
@@ -246,11 +289,207 @@ def read_sdist(sdist: Path, version: str, paths: list[str]) -> dict[str, str]:
     return out
 
 
+# ------------------------------------------------------------------------------------------------ series
+
+
+@dataclass(frozen=True)
+class Step:
+    """One pull request of the series: what it adds on top of the previous ones."""
+
+    name: str
+    """The name its ``# series: <name>`` blocks carry in the package and in ``upstream/tree``."""
+    title: str
+    changelog: str
+    """Its line in Lightning's CHANGELOG (``### Added``)."""
+
+
+STEPS = (
+    Step(
+        "core",
+        "Add `Trainer(serialized_checkpoint_loading=...)`: restore checkpoints in per-node turns",
+        "Added `Trainer(serialized_checkpoint_loading=...)` to restore checkpoints in per-node turns, bounding the"
+        " host memory of resuming with DDP ([#9406](https://github.com/Lightning-AI/pytorch-lightning/issues/9406))",
+    ),
+    Step(
+        "mmap",
+        "Serialized checkpoint loading: read local checkpoints memory-mapped",
+        "Added memory-mapped reading of local checkpoints to `serialized_checkpoint_loading`: the processes of a"
+        " machine share the file's pages, and each copies only the optimizer state it keeps",
+    ),
+    Step(
+        "auto",
+        'Serialized checkpoint loading: `"auto"` chooses how many processes restore at once',
+        'Added `serialized_checkpoint_loading="auto"`: the processes of each machine that restore at once are chosen'
+        " from the memory available",
+    ),
+    Step(
+        "remote",
+        "Serialized checkpoint loading: one download per machine for remote checkpoints",
+        "Added remote checkpoints to `serialized_checkpoint_loading`: one download per machine into a private"
+        " directory, removed once the restore ends",
+    ),
+    Step(
+        "fsdp",
+        "Serialized checkpoint loading: full checkpoints under `FSDPStrategy`",
+        "Added `FSDPStrategy` to `serialized_checkpoint_loading`: a full checkpoint is memory-mapped and each process"
+        " copies only its shard",
+    ),
+)
+STEP_NAMES = tuple(step.name for step in STEPS)
+SERIES_DIR = HERE / "series"
+
+_MARKER = re.compile(r"^(?P<indent>[ \t]*)# series: (?P<what>before (?P<before>\w+)|end|(?P<name>\w+))[ \t]*$")
+_GAP = object()
+"""Where ``cut`` removed lines: the blank lines around it are set right afterwards."""
+
+
+def cut(text: str, step: int, where: str) -> str:
+    """``text`` as of the series' step ``step`` (an index into ``STEPS``).
+
+    A block ``# series: <name>`` ... ``# series: end`` is code that step ``<name>`` adds: kept from that step on,
+    removed before it. It may hold a ``# series: before <name>`` part, the code it replaces, written commented out
+    (``# `` after the ``before`` marker's indentation, which may be deeper than the block's where the formatter puts
+    comments: the code is indented from the block's first marker): uncommented before the step, removed from it on.
+    Blocks nest (a later step's block inside an earlier one's), not inside a ``before`` part. The marker lines never
+    reach the copy. Top-level imports left unused by a cut are dropped, and the blank lines where lines were removed
+    are made what Lightning's formatter wants."""
+    out: list[object] = []
+    stack: list[tuple[str, bool, str, str]] = []  # (step name, in its "before" part, indentations: block, part)
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        marker = _MARKER.match(line.rstrip("\n"))
+        if marker is None:
+            present = all((STEP_NAMES.index(name) <= step) != before for name, before, _, _ in stack)
+            if not stack or not stack[-1][1]:
+                out.append(line if present else _GAP)
+                continue
+            _, _, indent, part = stack[-1]
+            if not present:
+                out.append(_GAP)
+            elif line.strip() == "#":
+                out.append("\n")
+            elif line.startswith(part + "# "):
+                out.append(indent + line[len(part) + 2 :])
+            else:
+                raise GenerationError(f"{where}: line {number}: a `# series: before` line must be commented out")
+            continue
+        named = marker["name"] or marker["before"]
+        if named is not None and named not in STEP_NAMES:
+            raise GenerationError(f"{where}: line {number}: no step {named!r} in the series ({', '.join(STEP_NAMES)})")
+        if marker["name"] is not None:
+            if named == STEP_NAMES[0] or (stack and stack[-1][1]):
+                raise GenerationError(
+                    f"{where}: line {number}: a series block for the first step or in a `before` part"
+                )
+            if stack and STEP_NAMES.index(named) < STEP_NAMES.index(stack[-1][0]):
+                raise GenerationError(f"{where}: line {number}: a block of `{named}` inside one of a later step")
+            stack.append((named, False, marker["indent"], marker["indent"]))
+        elif marker["before"] is not None:
+            if not stack or stack[-1][0] != named or stack[-1][1]:
+                raise GenerationError(f"{where}: line {number}: `# series: before {named}` outside its block")
+            stack[-1] = (named, True, stack[-1][2], marker["indent"])
+        else:
+            if not stack:
+                raise GenerationError(f"{where}: line {number}: `# series: end` closes no block")
+            stack.pop()
+        out.append(_GAP)
+    if stack:
+        raise GenerationError(f"{where}: the series block `{stack[-1][0]}` is not closed")
+    lines = _prune_imports(_set_gaps(out), where)
+    return "".join(lines)
+
+
+def _set_gaps(lines: list[object]) -> list[str]:
+    """Drop the gaps ``cut`` left, with the blank lines around each as Lightning's formatter wants them: none at the
+    start of a block or of the file, at most two before a top-level line, at most one inside an indented block."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if lines[i] is not _GAP and not (lines[i] == "\n" and _gap_ahead(lines, i)):
+            out.append(lines[i])  # type: ignore[arg-type]
+            i += 1
+            continue
+        # a run of blank lines and gaps holding at least one gap: as many blank lines as the widest stretch of blank
+        # lines between its gaps (the removed code's neighbours were that far apart from it)
+        j = i
+        blanks = stretch = 0
+        while out and out[-1] == "\n":  # blank lines before the run count with it
+            out.pop()
+            stretch += 1
+        while j < len(lines) and (lines[j] is _GAP or lines[j] == "\n"):
+            stretch = stretch + 1 if lines[j] == "\n" else 0
+            blanks = max(blanks, stretch)
+            j += 1
+        following = next((row for row in lines[j:] if row is not _GAP and row != "\n"), None)
+        previous = out[-1] if out else None
+        if previous is None or following is None:
+            keep = 0
+        elif previous.rstrip().endswith(":") and not previous.lstrip().startswith("#"):
+            keep = 0  # the start of a block
+        else:
+            top = not str(following)[:1].isspace()
+            keep = min(blanks, 2 if top else 1)
+        out += ["\n"] * keep
+        i = j
+    return out
+
+
+def _gap_ahead(lines: list[object], i: int) -> bool:
+    """Whether the run of blank lines at ``i`` ends in a gap."""
+    while i < len(lines) and lines[i] == "\n":
+        i += 1
+    return i < len(lines) and lines[i] is _GAP
+
+
+def _prune_imports(lines: list[str], where: str) -> list[str]:
+    """Drop the names of top-level imports that nothing in the module uses any more (a cut removed their users)."""
+    text = "".join(lines)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as err:
+        raise GenerationError(f"{where}: the cut leaves invalid Python: {err}") from None
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+            used |= {elt.value for elt in getattr(node.value, "elts", []) if isinstance(elt, ast.Constant)}
+    replace: dict[int, tuple[int, list[str]]] = {}
+    for node in tree.body:
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or (
+            isinstance(node, ast.ImportFrom) and node.module == "__future__"
+        ):
+            continue
+        bound = [(alias, (alias.asname or alias.name).split(".")[0]) for alias in node.names]
+        kept = [alias for alias, name in bound if name in used]
+        if len(kept) == len(bound):
+            continue
+        if not kept:
+            new: list[str] = []
+        elif isinstance(node, ast.ImportFrom):
+            new = [_format_import("", "." * node.level + (node.module or ""), [_alias(a) for a in kept])]
+        else:
+            new = [f"import {', '.join(_alias(a) for a in kept)}\n"]
+        replace[node.lineno - 1] = (node.end_lineno - node.lineno + 1, new)  # type: ignore[operator]
+    if not replace:
+        return lines
+    rows = text.splitlines(keepends=True)
+    out: list[object] = []
+    i = 0
+    while i < len(rows):
+        if i in replace:
+            count, new = replace[i]
+            out += new or [_GAP]
+            i += count
+            continue
+        out.append(rows[i])
+        i += 1
+    return _set_gaps(out)
+
+
 # ------------------------------------------------------------------------------------- module rewriting
 
 
-def package_modules() -> list[str]:
-    """The package's modules the connector needs: ``_connector`` and what it imports from the package, recursively."""
+def package_modules(step: int) -> list[str]:
+    """The package's modules the connector needs as of ``step``: ``_connector`` and what it imports from the package,
+    recursively, in the modules as ``cut`` leaves them."""
     seen: list[str] = []
     todo = [ROOT_MODULE]
     while todo:
@@ -261,7 +500,7 @@ def package_modules() -> list[str]:
         if not path.is_file():
             raise GenerationError(f"serialized_restore/{name}.py is imported but does not exist")
         seen.append(name)
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(ast.parse(cut(path.read_text(), step, f"serialized_restore/{name}.py"))):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "serialized_restore":
                 parts = node.module.split(".")
                 if len(parts) != 2 or not parts[1].startswith("_"):
@@ -618,7 +857,7 @@ def apply_edits(path: str, text: str, edits: list[tuple[str, str]]) -> str:
     return text
 
 
-def edit_changelog(text: str) -> str:
+def edit_changelog(text: str, entries: list[str]) -> str:
     """Fill the ``### Added`` placeholder of the unreleased section (Lightning's CHANGELOG keeps a ``-`` there)."""
     match = re.search(r"^## \[unreleased\][^\n]*\n(.*?)^---$", text, flags=re.MULTILINE | re.DOTALL | re.IGNORECASE)
     if not match:
@@ -628,9 +867,10 @@ def edit_changelog(text: str) -> str:
     if not added:
         raise GenerationError(f"{CHANGELOG}: the unreleased section has no `### Added`")
     at = match.start(1) + added.end()
+    lines = "".join(f"- {entry}\n" for entry in entries)
     if text.startswith("-\n", at):
-        return text[:at] + CHANGELOG_ENTRY + text[at + 2 :]
-    return text[:at] + CHANGELOG_ENTRY + "\n" + text[at:]
+        return text[:at] + lines + text[at + 2 :]
+    return text[:at] + lines + "\n" + text[at:]
 
 
 # ------------------------------------------------------------------------------------------------ diffs
@@ -680,74 +920,166 @@ def docs_diff() -> str:
 # ---------------------------------------------------------------------------------------------- assembly
 
 
-def hand_written_files() -> dict[str, str]:
-    """``upstream/tree/src`` and ``upstream/tree/tests``, at their paths in the Lightning repository."""
+def hand_written_files(step: int) -> dict[str, str]:
+    """``upstream/tree/src`` and ``upstream/tree/tests`` as of ``step``, at their paths in the Lightning repository;
+    a file that is all a later step's block is not there yet."""
     out = {}
     for top in ("src", "tests"):
         for path in sorted((TREE / top).rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                out[path.relative_to(TREE).as_posix()] = path.read_text(encoding="utf-8")
+                name = path.relative_to(TREE).as_posix()
+                text = cut(path.read_text(encoding="utf-8"), step, f"upstream/tree/{name}")
+                if text.strip():
+                    out[name] = text
     return out
 
 
-def build(sdist: Path, version: str) -> tuple[str, str]:
-    """The text of both patches."""
-    base = read_sdist(sdist, version, [TRAINER, CALL, CHANGELOG])
+def tree_at(step: int, base: dict[str, str]) -> dict[str, str]:
+    """Every file the series has added or changed by ``step``, with its text then."""
     new: dict[str, str] = {}
-    modules = package_modules()
+    modules = package_modules(step)
     for module in modules:
-        source = (PACKAGE / f"{module}.py").read_text(encoding="utf-8")
+        source = cut((PACKAGE / f"{module}.py").read_text(encoding="utf-8"), step, f"serialized_restore/{module}.py")
         new[f"{UPSTREAM_DIR}/{upstream_name(module)}.py"] = rewrite_module(module, source, modules)
-    for path, text in hand_written_files().items():
+    for path, text in hand_written_files(step).items():
         if path in new:
             raise GenerationError(f"upstream/tree/{path} would replace a module generated from the package")
         new[path] = text
-    new[TRAINER] = apply_edits(TRAINER, base[TRAINER], TRAINER_EDITS)
+    new[TRAINER] = apply_edits(TRAINER, base[TRAINER], trainer_edits(step))
     new[CALL] = apply_edits(CALL, base[CALL], CALL_EDITS)
-    new[CHANGELOG] = edit_changelog(base[CHANGELOG])
+    new[CHANGELOG] = edit_changelog(base[CHANGELOG], [s.changelog for s in STEPS[: step + 1]])
     for path in new:
         if path.startswith("docs/"):
             raise GenerationError(f"{path}: docs go into the docs patch (the sdist has no docs/)")
+    return new
 
-    patch = PATCH_PREAMBLE.format(version=package_version(), lightning=version, how=HOW_MAIN)
-    for path in sorted(new):
-        patch += unified_diff(path, base.get(path), new[path])
-    docs = PATCH_PREAMBLE.format(version=package_version(), lightning=version, how=HOW_DOCS) + docs_diff()
-    return patch, docs
+
+def series_file(step: int, suffix: str) -> str:
+    return f"{step + 1}-{STEPS[step].name}{suffix}"
+
+
+def build(sdist: Path, version: str) -> dict[str, str]:
+    """Every file ``make_patch.py`` writes into ``upstream/``, by its path there: the series' patches and PR texts,
+    and the docs patch."""
+    base = read_sdist(sdist, version, [TRAINER, CALL, CHANGELOG])
+    out: dict[str, str] = {}
+    before: dict[str, str] = dict(base)
+    for step in range(len(STEPS)):
+        after = tree_at(step, base)
+        gone = sorted(set(before) - set(after) - set(base))
+        if gone:
+            raise GenerationError(f"step {STEPS[step].name} removes {', '.join(gone)}: a step only adds and changes")
+        changed = [path for path in sorted(after) if before.get(path) != after[path]]
+        if not changed:
+            raise GenerationError(f"step {STEPS[step].name} changes nothing")
+        patch = PATCH_PREAMBLE.format(
+            title=STEPS[step].title,
+            place=_place(step),
+            version=package_version(),
+            lightning=version,
+            how=HOW_MAIN,
+        )
+        diffs = {path: unified_diff(path, before.get(path), after[path]) for path in changed}
+        patch += "".join(diffs.values())
+        out[f"series/{series_file(step, '.patch')}"] = patch
+        out[f"series/{series_file(step, '.md')}"] = pr_text(step, diffs, before, after)
+        before = {**before, **after}
+    out[DOCS_PATCH.name] = (
+        PATCH_PREAMBLE.format(
+            title="Docs",
+            place="the docs of the whole series",
+            version=package_version(),
+            lightning=version,
+            how=HOW_DOCS,
+        )
+        + docs_diff()
+    )
+    return out
+
+
+def _place(step: int) -> str:
+    if step == 0:
+        return f"pull request 1 of {len(STEPS)}"
+    return f"pull request {step + 1} of {len(STEPS)}, on top of {series_file(step - 1, '.patch')}"
+
+
+def pr_text(step: int, diffs: dict[str, str], before: dict[str, str], after: dict[str, str]) -> str:
+    """The pull request's description: ``upstream/pr/<step>.md`` (what it does, its figures) and what is generated
+    from the patch (the files it touches, the tests it adds)."""
+    template = HERE / "pr" / f"{STEPS[step].name}.md"
+    if not template.is_file():
+        raise GenerationError(f"upstream/pr/{template.name} is missing: the description of step {STEPS[step].name}")
+    rows = []
+    for path, diff in diffs.items():
+        added = sum(1 for row in diff.splitlines() if row.startswith("+") and not row.startswith("+++"))
+        removed = sum(1 for row in diff.splitlines() if row.startswith("-") and not row.startswith("---"))
+        rows.append(f"| `{path}` | {'new' if path not in before else 'changed'} | +{added} / -{removed} |")
+    tests = []
+    for path in diffs:
+        if path.startswith("tests/"):
+            old = set(_test_names(before.get(path, "")))
+            tests += [f"- `{path.rsplit('/', 1)[1]}::{t}`" for t in _test_names(after[path]) if t not in old]
+    header = f"# {STEPS[step].title}\n\n"
+    header += f"Pull request {step + 1} of {len(STEPS)}"
+    header += "." if step == 0 else f", on top of {', '.join(f'#{i + 1}' for i in range(step))}."
+    header += f" Patch: `{series_file(step, '.patch')}`.\n\n"
+    body = template.read_text(encoding="utf-8").strip() + "\n\n"
+    files = "## Files\n\n| file | | lines |\n|---|---|---|\n" + "\n".join(rows) + "\n\n"
+    added_tests = "## Tests added\n\n" + ("\n".join(tests) if tests else "none") + "\n"
+    return header + body + files + added_tests
+
+
+def _test_names(text: str) -> list[str]:
+    return [
+        node.name
+        for node in ast.parse(text).body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    ]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sdist", type=Path, help="a lightning-<version>.tar.gz to use instead of downloading one")
-    parser.add_argument("--check", action="store_true", help="compare with the committed patches, write nothing")
-    parser.add_argument("--output-dir", type=Path, help="write the patches here instead of upstream/")
+    parser.add_argument("--check", action="store_true", help="compare with the committed files, write nothing")
+    parser.add_argument("--output-dir", type=Path, help="write into this directory instead of upstream/")
     args = parser.parse_args(argv)
 
     version = lightning_version()
     try:
         with tempfile.TemporaryDirectory(prefix="make-patch-") as tmp:
             sdist = args.sdist if args.sdist is not None else download_sdist(version, Path(tmp))
-            patch, docs = build(sdist, version)
+            files = build(sdist, version)
     except GenerationError as err:
         print(f"make_patch.py: {err}", file=sys.stderr)
         return 2
 
+    written = {name for name in files}
     if args.check:
-        stale = [p.name for p, text in ((PATCH, patch), (DOCS_PATCH, docs)) if _read(p) != text]
-        if stale:
+        stale = [name for name, text in files.items() if _read(HERE / name) != text]
+        extra = sorted(
+            p.relative_to(HERE).as_posix()
+            for p in SERIES_DIR.glob("*")
+            if p.relative_to(HERE).as_posix() not in written
+        )
+        if stale or extra:
             print(
-                f"make_patch.py: {', '.join(stale)} is not what the package produces now: run"
+                f"make_patch.py: {', '.join(stale + extra)} is not what the package produces now: run"
                 " `python upstream/make_patch.py` and commit the result.",
                 file=sys.stderr,
             )
             return 1
-        print(f"make_patch.py: {PATCH.name} and {DOCS_PATCH.name} are up to date (lightning {version}).")
+        print(
+            f"make_patch.py: the series ({len(STEPS)} patches) and the docs patch are up to date (lightning {version})."
+        )
         return 0
     out = args.output_dir or HERE
-    out.mkdir(parents=True, exist_ok=True)
-    for target, text in ((out / PATCH.name, patch), (out / DOCS_PATCH.name, docs)):
-        target.write_bytes(text.encode("utf-8"))
-        print(f"wrote {target.name}: {text.count(chr(10))} lines")
+    (out / "series").mkdir(parents=True, exist_ok=True)
+    for old in (out / "series").glob("*"):
+        if old.relative_to(out).as_posix() not in written:
+            old.unlink()
+    for name, text in sorted(files.items()):
+        (out / name).write_bytes(text.encode("utf-8"))
+        print(f"wrote {name}: {text.count(chr(10))} lines")
     return 0
 
 

@@ -5,7 +5,7 @@ for every other local rank. Every rank writes what it ends with to ``<out>/rank<
 raises, ``<out>/rank<global_rank>.error.json``), so that a test can assert on every rank.
 
 With ``SERIALIZED_RESTORE_TRAINER=patched-upstream`` (``.ci/upstream_check.sh``), ``"trainer": "ours"`` is
-``lightning.pytorch.Trainer`` of a Lightning tree patched with ``upstream/serialized-checkpoint-loading.patch``, and
+``lightning.pytorch.Trainer`` of a Lightning tree patched with the series of ``upstream/series/``, and
 ``serialized_restore`` cannot be imported.
 """
 

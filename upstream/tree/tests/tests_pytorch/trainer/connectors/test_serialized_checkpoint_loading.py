@@ -13,10 +13,12 @@
 # limitations under the License.
 import glob
 import json
+import logging
 import os
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +29,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.strategies import FSDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.connectors.serialized_restore import CheckpointRestoreError, SerializedLoading
 
 
@@ -108,14 +110,25 @@ def _assert_equal(a: Any, b: Any) -> None:
         assert a == b
 
 
-@pytest.mark.parametrize("value", [False, True, 1, 3, "auto"])
+# series: auto
+@pytest.mark.parametrize("value", [False, True, 1, 3, "auto", SerializedLoading(max_concurrent=2)])
 def test_serialized_checkpoint_loading_accepted_values(value):
-    """The Trainer accepts `False`, `True`, a positive int and "auto", and reports the value back."""
+    """The Trainer accepts `False`, `True`, a positive int, "auto" and the settings object, and reports the value
+    back."""
+    # series: before auto
+    # @pytest.mark.parametrize("value", [False, True, 1, 3, SerializedLoading(max_concurrent=2)])
+    # def test_serialized_checkpoint_loading_accepted_values(value):
+    #     """The Trainer accepts `False`, `True`, a positive int and the settings object, and reports the value back."""
+    # series: end
     trainer = Trainer(serialized_checkpoint_loading=value, logger=False)
     assert trainer.serialized_checkpoint_loading == value
 
 
+# series: auto
 @pytest.mark.parametrize("value", [0, -2, 1.5, "yes", None])
+# series: before auto
+# @pytest.mark.parametrize("value", [0, -2, 1.5, "yes", "auto", None])
+# series: end
 def test_serialized_checkpoint_loading_rejected_values(value):
     """Any other value raises a `ValueError` at construction that quotes it."""
     with pytest.raises(ValueError, match=re.escape(f"serialized_checkpoint_loading={value!r}")):
@@ -189,6 +202,7 @@ def test_serialized_checkpoint_loading_unsupported_strategy_warns(tmp_path):
     assert precision.state_dict_tensors > 0
 
 
+# series: auto
 def test_serialized_checkpoint_loading_auto_refuses_when_no_turn_fits(tmp_path):
     """With "auto", every rank raises a `MemoryError` before reading when not even one rank can restore."""
     ckpt_path = _first_epoch_checkpoint(tmp_path)
@@ -197,6 +211,8 @@ def test_serialized_checkpoint_loading_auto_refuses_when_no_turn_fits(tmp_path):
     with pytest.raises(MemoryError, match="not even one rank of node 0"):
         trainer.validate(_AdamModel(), ckpt_path=ckpt_path)
 
+
+# series: end
 
 def test_serialized_checkpoint_loading_single_process_raises_the_default_restores_error(tmp_path):
     """In one process a failed restore raises exactly what the default restore raises: same type, same message."""
@@ -213,6 +229,136 @@ def test_serialized_checkpoint_loading_single_process_raises_the_default_restore
     assert not issubclass(raised[1][0], CheckpointRestoreError)
 
 
+# series: mmap
+def _mapped(path: str) -> bool:
+    """Whether this process maps ``path`` (Linux's ``/proc/self/maps``)."""
+    with open("/proc/self/maps") as maps:
+        return any(line.rstrip("\n").endswith(" " + os.path.realpath(path)) for line in maps)
+
+
+class _MappingModel(_AdamModel):
+    """Records whether the checkpoint file is mapped while the hooks see it, and once the restore has ended."""
+
+    def __init__(self, ckpt_path: str) -> None:
+        super().__init__()
+        self.ckpt_path = ckpt_path
+        self.mapped_in_hook: bool | None = None
+        self.mapped_after_restore: bool | None = None
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.mapped_in_hook = _mapped(self.ckpt_path)
+
+    def on_train_start(self) -> None:
+        self.mapped_after_restore = _mapped(self.ckpt_path)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+@pytest.mark.parametrize("reader", ["auto", "mmap", "eager"])
+def test_serialized_resume_reads_memory_mapped_and_keeps_nothing_of_the_file(tmp_path, reader):
+    """A local checkpoint is read memory-mapped unless `reader="eager"`; once the restore has ended nothing the
+    model or the optimizers keep lies in the file's pages, and the run equals the default restore's."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    results = []
+    for serialized in (False, SerializedLoading(reader=reader)):
+        torch.manual_seed(1)
+        model = _MappingModel(ckpt_path)
+        trainer = _trainer(tmp_path, max_epochs=2, serialized_checkpoint_loading=serialized)
+        trainer.fit(model, ckpt_path=ckpt_path)
+        results.append((model, trainer))
+        assert model.mapped_in_hook is (serialized is not False and reader != "eager")
+        assert model.mapped_after_restore is False
+    (default_model, default), (model, trainer) = results
+    _assert_equal(model.state_dict(), default_model.state_dict())
+    _assert_equal(trainer.optimizers[0].state_dict(), default.optimizers[0].state_dict())
+
+
+def test_serialized_resume_of_a_legacy_file_reads_it_eagerly_and_says_why(tmp_path, caplog):
+    """A checkpoint that cannot be memory-mapped (not in torch's zip format) is read as the default restore reads it,
+    with one INFO line saying why."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    legacy = str(tmp_path / "legacy.ckpt")
+    torch.save(torch.load(ckpt_path, weights_only=False), legacy, _use_new_zipfile_serialization=False)
+    trainer = _trainer(tmp_path, max_epochs=2, serialized_checkpoint_loading=True)
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.serialized_restore"):
+        trainer.fit(_AdamModel(), ckpt_path=legacy)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("eagerly instead of memory-mapped" in m and "zip format" in m for m in messages), messages
+    assert trainer.global_step == 8
+
+
+# series: end
+# series: remote
+def test_serialized_resume_from_a_remote_checkpoint_reads_a_private_local_copy(tmp_path, caplog):
+    """A remote (fsspec) checkpoint is downloaded once into a new private directory under `tmpdir`, read from there
+    and removed when the restore ends; `trainer.ckpt_path` stays the URL, and the run equals the default restore's."""
+    fsspec = pytest.importorskip("fsspec")
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    url = f"memory://serialized-checkpoint-loading/{tmp_path.name}/epoch1.ckpt"
+    with fsspec.open(url, "wb") as f:
+        f.write(Path(ckpt_path).read_bytes())
+    copies = tmp_path / "copies"
+    copies.mkdir(mode=0o700)
+    results = []
+    for serialized in (False, SerializedLoading(tmpdir=str(copies))):
+        torch.manual_seed(1)
+        model = _AdamModel()
+        trainer = _trainer(tmp_path, max_epochs=2, serialized_checkpoint_loading=serialized)
+        with caplog.at_level(logging.INFO, logger="lightning.pytorch.serialized_restore"):
+            trainer.fit(model, ckpt_path=url)
+        results.append((model, trainer))
+        assert trainer.ckpt_path == url
+    assert sum("serialized restore: fetched" in r.getMessage() for r in caplog.records) == 1
+    assert list(copies.iterdir()) == []
+    (default_model, default), (model, trainer) = results
+    _assert_equal(model.state_dict(), default_model.state_dict())
+    _assert_equal(trainer.optimizers[0].state_dict(), default.optimizers[0].state_dict())
+
+
+# series: end
+# series: fsdp
+class _CPUFSDPStrategy(FSDPStrategy):
+    """FSDP on CPU: torch's FSDP runs there with gloo when wrapped with `device_id=cpu` (only `_setup_model`
+    differs, so the restore is `FSDPStrategy`'s)."""
+
+    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if not any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+            model = FullyShardedDataParallel(module=model, device_id=torch.device("cpu"), **self.kwargs)
+        return model
+
+
+class _FSDPAdamModel(_AdamModel):
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # FSDP's `load_checkpoint` takes the weights out of the dict before the hooks run
+        self.seen_by_hook = sorted(checkpoint)
+
+
+# FSDP's own full-state restore, which both runs use, calls the `state_dict_type` API torch deprecates
+@pytest.mark.filterwarnings("ignore:FSDP.state_dict_type:FutureWarning")
+def test_serialized_resume_under_fsdp_reads_a_full_checkpoint_memory_mapped(tmp_path, caplog):
+    """Under `FSDPStrategy` a full checkpoint (here from a single-device run: a model moving to FSDP) is restored by
+    every rank together, memory-mapped, and equals FSDP's own restore."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    results = []
+    for serialized in (False, True):
+        torch.manual_seed(1)
+        model = _FSDPAdamModel()
+        strategy = _CPUFSDPStrategy()
+        trainer = _trainer(tmp_path, max_epochs=2, strategy=strategy, serialized_checkpoint_loading=serialized)
+        with caplog.at_level(logging.INFO):
+            trainer.fit(model, ckpt_path=ckpt_path)
+        results.append((model, trainer))
+    assert any("FSDP restores with collectives" in r.getMessage() for r in caplog.records)
+    (default_model, default), (model, trainer) = results
+    assert model.seen_by_hook == default_model.seen_by_hook
+    _assert_equal(model.state_dict(), default_model.state_dict())
+    _assert_equal(trainer.optimizers[0].state_dict(), default.optimizers[0].state_dict())
+    assert trainer.global_step == default.global_step == 8
+
+
+# series: end
 class _TwoGroupsModel(_AdamModel):
     """Two parameter groups: the optimizer state of a one-group checkpoint fails to load in the second stage."""
 
