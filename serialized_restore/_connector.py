@@ -10,20 +10,18 @@ then ``resume_end`` drops the cached checkpoint dict. Upstream, every rank holds
 ``resume_end``: N copies per node. Here, with ``serialized_checkpoint_loading`` on, both stages run as turns of
 :class:`~serialized_restore._turns.TurnSchedule` and memory is released as soon as it is no longer needed:
 
-* stage 1, in the rank's turn: the checkpoint is read (memory-mapped when possible), the hooks run in upstream order
-  on the complete dict, the weights are copied into the model. At the end of the turn the rank drops the model
-  ``state_dict`` and, for validate/test/predict, the optimizer and lr scheduler states. For ``fit`` the optimizer
-  state stays only as file-backed pages when memory-mapped; when read eagerly it is dropped and read again in
-  stage 2, unless a hook changed it (then it is kept, so the change is not lost).
-* stage 2, in the rank's turn: optimizer state is copied into private memory (or read again), handed to the
-  optimizers, and the rest of the cached dict is dropped at the end of the turn.
+* stage 1, in the rank's turn: the checkpoint is read (``_read``), the hooks run in upstream order on the complete
+  dict, the weights are copied into the model. At the end of the turn the rank drops the model ``state_dict`` and,
+  for validate/test/predict, the optimizer and lr scheduler states; for ``fit`` it keeps of the optimizer state only
+  what stage 2 needs (``OptimizerSource``).
+* stage 2, in the rank's turn: the optimizer state is handed to the optimizers (``_prepare_optimizer_states``), and
+  the rest of the cached dict is dropped at the end of the turn.
 
-FSDP restores with collectives, which cannot run inside a turn: its ranks restore together, reading a full
-checkpoint memory-mapped, each rank copying only its shard of the optimizer state (``_fsdp.py``).
+Strategies whose restore runs collectives, which cannot run inside a turn, take other paths (``_choose_path``).
 
 Where things live: a restore's state (its path through the code, its schedule, how the file was read, where the
 optimizer state will come from) is one ``_Restore`` object, created when stage 1 starts and dropped at
-``resume_end``; how a file is read (memory-mapped or eager) is decided in one place, ``_readers.choose_reader``.
+``resume_end``.
 """
 
 from __future__ import annotations
@@ -44,7 +42,9 @@ from serialized_restore._readers import LoadedCheckpoint, copy_kept_out_of_mappi
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
 from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
 
+# series: remote
 STAGE_FETCH = "fetch checkpoint"
+# series: end
 STAGE_MODULES = "restore modules and callbacks"
 STAGE_TRAINING_STATE = "restore training state"
 
@@ -83,7 +83,7 @@ class OptimizerSource(enum.Enum):
 class _Restore:
     """One serialized restore on one rank: created when stage 1 starts, dropped at ``resume_end``.
 
-    After a failure it stays, holding nothing (the cached dict and the local copy are freed at once), so that
+    After a failure it stays, holding nothing (what it held is freed at once), so that
     ``restore_incomplete`` keeps saying that the model may be partly restored until the next restore or
     ``resume_end``.
     """
@@ -149,9 +149,9 @@ class _SerializedCheckpointConnectorMixin:
     def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
         """(all ranks) Stage 1 in turns: read, hooks, weights, datamodule, callbacks; then free the rest.
 
-        Memory: a rank reads in its turn (memory-mapped: nothing private but the dict's containers; eager: about S)
-        and at the end of the turn keeps only what stage 2 needs: for fit, the optimizer state (as views of the
-        mapped file, or nothing if it will be read again); otherwise nothing of the checkpoint's tensors.
+        Memory: a rank reads in its turn (what that costs: ``_read``) and at the end of the turn keeps only what
+        stage 2 needs: for fit, what ``OptimizerSource`` says of the optimizer state; otherwise nothing of the
+        checkpoint's tensors.
         """
         if self._restore is not None:
             # an earlier restore whose resume_end never ran (its run failed between the stages): free what it holds
@@ -212,7 +212,7 @@ class _SerializedCheckpointConnectorMixin:
     # series: end
 
     def _abandon(self, restore: _Restore) -> None:
-        """(each rank, after a failed stage) Free the cached checkpoint and the local copy; resume_end won't run."""
+        """(each rank, after a failed stage) Free what the restore holds; resume_end won't run."""
         self._loaded_checkpoint = {}
         restore.failed = True
         restore.schedule = restore.loaded = restore.fingerprint = None
@@ -248,8 +248,8 @@ class _SerializedCheckpointConnectorMixin:
 
     # series: end
     def resume_start(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
-        """Upstream's ``resume_start``, except inside a serialized restore's stage 1: then read with the restore's
-        reader (in the rank's turn), or through FSDP's full-checkpoint path."""
+        """Upstream's ``resume_start``, except inside a serialized restore's stage 1: then read the restore's way (for
+        ``TURNS``, with ``_read`` in the rank's turn)."""
         restore = self._restore
         if restore is None or not restore.reading:
             super().resume_start(checkpoint_path, weights_only)  # type: ignore[misc]
@@ -307,16 +307,14 @@ class _SerializedCheckpointConnectorMixin:
     def restore_training_state(self) -> None:
         """(all ranks) Stage 2 in turns: precision plugin, loops, optimizers, lr schedulers; then free the rest.
 
-        Memory: for fit, a rank's private memory grows by the optimizer state its optimizers keep (copied out of
-        the mapping after ``load_state_dict``, so a sharded optimizer's rank copies only its shard and GPU state
-        is no host copy at all; or read again, eagerly); the rest of the cached dict is dropped at the end of
-        its turn. The stage runs in turns where it may allocate memory it then frees: when the optimizer state is
-        read again, and when an optimizer's ``load_state_dict`` is not torch's own (a ``ZeroRedundancyOptimizer`` or
-        fairscale ``OSS`` copies the state it is given before keeping its shard). Otherwise (memory-mapped, torch's
-        ``load_state_dict``, which keeps the given tensors or moves them to the parameter's device, so that every
-        byte copied is one the optimizers keep; or outside ``fit``, where the cached dict holds neither weights nor
-        optimizer state by now) the ranks of a node run it at once (``ordered=False``: failures still reach every
-        rank).
+        Memory: for fit, a rank's private memory grows by the optimizer state its optimizers keep
+        (``_prepare_optimizer_states``); the rest of the cached dict is dropped at the end of its turn. The stage runs
+        in turns where it may allocate memory it then frees: when the optimizer state is read again, and when an
+        optimizer's ``load_state_dict`` is not torch's own (a ``ZeroRedundancyOptimizer`` or fairscale ``OSS`` copies
+        the state it is given before keeping its shard). Otherwise (torch's ``load_state_dict``, which keeps the
+        given tensors or moves them to the parameter's device, so that every byte allocated is one the optimizers
+        keep; or outside ``fit``, where the cached dict holds neither weights nor optimizer state by now) the ranks
+        of a node run it at once (``ordered=False``: failures still reach every rank).
         """
         restore = self._restore
         schedule = restore.schedule if restore is not None else None
@@ -350,26 +348,36 @@ class _SerializedCheckpointConnectorMixin:
         self._remove_local_copy(restore)
         # series: end
 
+    # series: mmap
     def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> set[int]:
-        """Give the cached dict its optimizer state; the storages of the mapped file it hands the optimizers, whose
-        tensors the optimizers keep are copied once they are loaded (``copy_kept_out_of_mapping``). Counts in
-        ``record`` what was read again."""
+        """Give the cached dict its optimizer state: read it again where stage 1 dropped it (counted in ``record``);
+        memory-mapped, return the storages of the file it hands the optimizers, whose tensors the optimizers keep are
+        copied once they are loaded (``copy_kept_out_of_mapping``: a sharded optimizer's rank copies only its shard,
+        and state moved to a GPU is no host copy at all)."""
         if not restore.fitting:
             return set()
         source, restore.optimizer_source = restore.optimizer_source, OptimizerSource.IN_DICT
         if source is OptimizerSource.READ_AGAIN:
-            # series: mmap
             reread = self._read(restore, "eager")
-            # series: before mmap
-            # reread = self._read(restore)
-            # series: end
             self._loaded_checkpoint["optimizer_states"] = reread.checkpoint["optimizer_states"]
             record.bytes_read, record.reader = reread.bytes_read, reread.reader
-        # series: mmap
         elif source is OptimizerSource.COPY_FROM_MAPPING and "optimizer_states" in self._loaded_checkpoint:
             return storages_of(self._loaded_checkpoint["optimizer_states"])
-        # series: end
         return set()
+
+    # series: before mmap
+    # def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> None:
+    #     """Give the cached dict its optimizer state: read it again where stage 1 dropped it (counted in ``record``).
+    #     It stays as stage 1 left it where a hook changed it."""
+    #     if not restore.fitting:
+    #         return
+    #     source, restore.optimizer_source = restore.optimizer_source, OptimizerSource.IN_DICT
+    #     if source is OptimizerSource.READ_AGAIN:
+    #         reread = self._read(restore)
+    #         self._loaded_checkpoint["optimizer_states"] = reread.checkpoint["optimizer_states"]
+    #         record.bytes_read, record.reader = reread.bytes_read, reread.reader
+    #
+    # series: end
 
     def resume_end(self) -> None:
         # series: remote
@@ -410,12 +418,11 @@ class _SerializedCheckpointConnectorMixin:
         flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(message)
 
     def _choose_path(self, checkpoint_path: Any) -> RestorePath:
-        """(all ranks) How the option restores with this strategy: in turns, FSDP's full-checkpoint path, or upstream.
+        """(all ranks) How the option restores with this strategy (``RestorePath``).
 
-        In turns only where the strategy restores without collectives: single device and the DDP family. FSDP
-        restores with collectives, so its ranks restore together (``_fsdp.py``). A subclass that overrides a restore
-        method of its base may run collectives there, so it, and any other strategy, is restored as upstream with one
-        warning on rank zero.
+        In turns only where the strategy restores without collectives: single device and the DDP family. A subclass
+        that overrides a restore method of its base may run collectives there, so it, and any other strategy without
+        a path of its own, is restored as upstream with one warning on rank zero.
         """
         strategy = self.trainer.strategy
         flavour = flavour_of(self)

@@ -1,5 +1,9 @@
+# series: auto
 """Memory figures: a process's private memory for the turns' log lines, and how many local ranks
 ``serialized_checkpoint_loading="auto"`` lets restore at once, from the memory available."""
+# series: before auto
+# """Memory figures: a process's private memory, for the turns' log lines."""
+# series: end
 
 from __future__ import annotations
 

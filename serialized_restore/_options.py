@@ -25,8 +25,12 @@ TMPDIR_SETTING = "`SerializedLoading(tmpdir=...)`"
 AVAILABLE_MEMORY_SETTING = "`SerializedLoading(available_memory=...)`"
 # series: end
 PSUTIL_AVAILABLE = RequirementCache("psutil")
+# series: auto
 """psutil measures a process's memory where ``/proc`` cannot be read, and the memory ``"auto"`` assumes available
 (unless it is given)."""
+# series: before auto
+# """psutil measures a process's memory where ``/proc`` cannot be read."""
+# series: end
 
 DEFAULT_TURN_TIMEOUT = 1800.0
 DEFAULT_HEARTBEAT_TIMEOUT = 60.0

@@ -90,3 +90,98 @@ def test_a_lookup_without_literal_arguments_is_refused(make_patch: Any) -> None:
     )
     with pytest.raises(make_patch.GenerationError, match=r"_example\.py: .*literal arguments"):
         make_patch.rewrite_module("_example", source, ["_example", "_turns"])
+
+
+SERIES_SOURCE = textwrap.dedent(
+    '''\
+    """A module."""
+
+    import os
+    import sys
+
+    from serialized_restore._remote import fetch
+
+    LIMIT = 1
+
+
+    def read(path):
+        # series: mmap
+        how = "mmap"
+        # series: before mmap
+        # how = "eager"
+        # series: end
+        # series: remote
+        if "://" in path:
+            path = fetch(path)
+        # series: end
+        return how, os.fspath(path)
+
+
+    # series: mmap
+    def mapped(path):
+        # series: fsdp
+        print(sys.argv)
+        # series: end
+        return path
+
+
+    # series: end
+    def last():
+        return LIMIT
+    '''
+)
+
+
+def _step(make_patch: Any, name: str) -> int:
+    return make_patch.STEP_NAMES.index(name)
+
+
+def test_a_step_keeps_the_blocks_of_the_steps_up_to_it(make_patch: Any) -> None:
+    """Before its step a block is gone and its ``before`` part uncommented; from its step on the block stays and the
+    ``before`` part goes; nested blocks follow their own step; markers never reach the output, imports a cut leaves
+    unused go, and the blank lines where code went are what the formatter wants."""
+    core = make_patch.cut(SERIES_SOURCE, _step(make_patch, "core"), "example.py")
+    assert "series" not in core
+    assert '    how = "eager"\n    return how, os.fspath(path)\n' in core
+    assert "mapped" not in core and "fetch" not in core and "import sys" not in core
+    assert "LIMIT = 1\n\n\ndef read(path):" in core
+    assert "os.fspath(path)\n\n\ndef last():" in core
+
+    mmap = make_patch.cut(SERIES_SOURCE, _step(make_patch, "mmap"), "example.py")
+    assert '    how = "mmap"\n    return how' in mmap and "eager" not in mmap
+    assert "def mapped(path):\n    return path\n\n\ndef last():" in mmap
+    assert "import sys" not in mmap and "fetch" not in mmap
+
+    remote = make_patch.cut(SERIES_SOURCE, _step(make_patch, "remote"), "example.py")
+    assert "from serialized_restore._remote import fetch\n" in remote and "sys" not in remote
+
+    last = make_patch.cut(SERIES_SOURCE, len(make_patch.STEPS) - 1, "example.py")
+    # the last step is the module itself: the markers and the replaced code are comments
+    assert ast.dump(ast.parse(last)) == ast.dump(ast.parse(SERIES_SOURCE))
+    assert "series" not in last and "eager" not in last
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("# series: mmap\nx = 1\n", "not closed"),
+        ("# series: mmmap\nx = 1\n# series: end\n", "no step 'mmmap'"),
+        ("x = 1\n# series: before mmap\n# x = 2\n# series: end\n", "outside its block"),
+        ("# series: mmap\nx = 1\n# series: before mmap\nx = 2\n# series: end\n", "must be commented out"),
+        ("# series: fsdp\n# series: mmap\nx = 1\n# series: end\n# series: end\n", "inside one of a later step"),
+        ("# series: core\nx = 1\n# series: end\n", "for the first step"),
+    ],
+)
+def test_malformed_series_blocks_are_refused(make_patch: Any, text: str, message: str) -> None:
+    with pytest.raises(make_patch.GenerationError, match=message):
+        make_patch.cut(text, 0, "example.py")
+
+
+def test_the_last_step_of_every_package_module_is_the_module_itself(make_patch: Any) -> None:
+    """The series ends where the package is: cut at the last step, every module has the package module's code."""
+    for path in sorted(make_patch.PACKAGE.glob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        for step in range(len(make_patch.STEPS)):
+            ast.parse(make_patch.cut(source, step, path.name))  # every step is valid Python
+        last = make_patch.cut(source, len(make_patch.STEPS) - 1, path.name)
+        assert ast.dump(ast.parse(last)) == ast.dump(ast.parse(source)), path.name

@@ -11,6 +11,7 @@ With ``SERIALIZED_RESTORE_TRAINER=patched-upstream`` (``.ci/upstream_check.sh``)
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -104,6 +105,16 @@ def build_trainer(config: dict[str, Any]) -> Any:
     return trainer, callback
 
 
+def reads_memory_mapped() -> bool:
+    """Whether ``"trainer": "ours"`` can read a checkpoint memory-mapped: the package's always; a patched Lightning
+    tree from the series' memory-mapped reading step on (its ``SerializedLoading`` then has a ``reader``)."""
+    if not PATCHED_UPSTREAM:
+        return True
+    from lightning.pytorch.trainer.connectors.serialized_restore import SerializedLoading
+
+    return "reader" in {field.name for field in dataclasses.fields(SerializedLoading)}
+
+
 def patched_upstream_trainer(flavour: str) -> Any:
     """``lightning.pytorch.Trainer``, checked to be a patched one."""
     if flavour != "lightning":
@@ -113,7 +124,7 @@ def patched_upstream_trainer(flavour: str) -> Any:
     if "serialized_checkpoint_loading" not in inspect.signature(Trainer.__init__).parameters:
         raise RuntimeError(
             f"{TRAINER_ENV}=patched-upstream, but lightning.pytorch.Trainer ({inspect.getfile(Trainer)}) has no"
-            " `serialized_checkpoint_loading`: install a Lightning tree patched with upstream/*.patch."
+            " `serialized_checkpoint_loading`: install a Lightning tree patched with upstream/series/*.patch."
         )
     return Trainer
 
