@@ -19,7 +19,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -407,15 +407,20 @@ def test_serialized_resume_ddp_spawn_equals_default_restore(tmp_path):
 class _TimedHookModel(_AdamModel):
     """Records when each rank's ``on_load_checkpoint`` ran (inside the rank's turn); can fail on one rank."""
 
-    def __init__(self, out, fail_on_rank: int = -1) -> None:
+    def __init__(self, out, fail_on_rank: int = -1, exit_on_rank: int = -1) -> None:
         super().__init__()
         self.out = out
         self.fail_on_rank = fail_on_rank
+        self.exit_on_rank = exit_on_rank
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         started = time.time()
         if self.global_rank == self.fail_on_rank:
             raise RuntimeError(f"hook failed on rank {self.global_rank}")
+        if self.global_rank == self.exit_on_rank:
+            # the process vanishes in its turn; exit code 0, so that the spawn launcher keeps the other process running
+            # (as the launcher of another machine would: it does not see a process of this one die)
+            os._exit(0)
         time.sleep(0.5)
         (self.out / f"turn{self.global_rank}.json").write_text(json.dumps([started, time.time()]))
 
@@ -423,6 +428,9 @@ class _TimedHookModel(_AdamModel):
 class _RecordingTrainer(Trainer):
     """Writes what each rank raised from inside ``_run`` (which runs in every spawned worker), then waits until every
     rank has (at most 60 s): the launcher terminates the other workers once one has exited."""
+
+    expected_records: Optional[int] = None
+    """How many ranks will record (default: all)."""
 
     def _run(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -433,7 +441,8 @@ class _RecordingTrainer(Trainer):
             with open(os.path.join(out, f"error{self.global_rank}.json"), "w") as f:
                 json.dump(record, f)
             deadline = time.time() + 60
-            while time.time() < deadline and len(glob.glob(os.path.join(out, "error*.json"))) < self.world_size:
+            expected = self.expected_records or self.world_size
+            while time.time() < deadline and len(glob.glob(os.path.join(out, "error*.json"))) < expected:
                 time.sleep(0.05)
             raise
 
@@ -455,3 +464,30 @@ def test_serialized_failure_on_one_rank_ends_the_restore_on_every_rank(tmp_path)
         assert "RuntimeError" in error["mro"], error
         assert "rank 1" in error["message"], error
         assert "restore modules and callbacks" in error["message"], error
+
+
+class _OneRecordTrainer(_RecordingTrainer):
+    expected_records = 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a vanished process is seen through /proc at once")
+def test_serialized_restore_ends_on_every_rank_when_a_rank_vanishes_in_its_turn(tmp_path):
+    """A process that disappears inside its turn (killed, or on a machine whose launcher does not tell this one) is
+    found gone: the other process raises a `CheckpointRestoreError` naming it and the stage at once, instead of
+    waiting for the turn timeout (30 minutes by default)."""
+    ckpt_path = _first_epoch_checkpoint(tmp_path)
+    out = tmp_path / "spawned"
+    out.mkdir()
+    settings = SerializedLoading(turn_timeout=120)
+    options = {"devices": 2, "strategy": "ddp_spawn", "max_epochs": 2, "serialized_checkpoint_loading": settings}
+    trainer = _OneRecordTrainer(**{**_trainer_defaults(out), **options})
+    started = time.time()
+    with pytest.raises(Exception, match="rank 1"):
+        trainer.fit(_TimedHookModel(tmp_path, exit_on_rank=1), ckpt_path=ckpt_path)
+    assert time.time() - started < 60
+    assert not (out / "error1.json").exists()
+    error = json.loads((out / "error0.json").read_text())
+    assert "CheckpointRestoreError" in error["mro"], error
+    assert "rank 1 (node 0, local rank 1)" in error["message"], error
+    assert "exited while inside its turn" in error["message"], error
+    assert "restore modules and callbacks" in error["message"], error
