@@ -335,8 +335,22 @@ class _FSDPAdamModel(_AdamModel):
         self.seen_by_hook = sorted(checkpoint)
 
 
+@pytest.fixture
+def _in_process_group():
+    """FSDP in one process initializes a process group in it and sets ``MASTER_PORT`` and the like: both are undone
+    afterwards (as Lightning's conftest does between tests), so that later tests' processes do not find the port
+    taken."""
+    environ = dict(os.environ)
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(environ)
+
+
 # FSDP's own full-state restore, which both runs use, calls the `state_dict_type` API torch deprecates
 @pytest.mark.filterwarnings("ignore:FSDP.state_dict_type:FutureWarning")
+@pytest.mark.usefixtures("_in_process_group")
 def test_serialized_resume_under_fsdp_reads_a_full_checkpoint_memory_mapped(tmp_path, caplog):
     """Under `FSDPStrategy` a full checkpoint (here from a single-device run: a model moving to FSDP) is restored by
     every rank together, memory-mapped, and equals FSDP's own restore."""
