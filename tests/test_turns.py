@@ -117,6 +117,9 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
     out_dir = Path(out)
     outcome: dict[str, Any] = {"events": []}
     started = time.time()
+    # what a new Python process starts with: the fork inherits whatever an earlier test in this pytest process left
+    # (Lightning's `_destroy_dist_connection` leaves SIGINT at SIG_DFL, or SIG_IGN if destroying the group raised)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if scenario.get("capture_stderr"):
         # the file descriptor itself: c10d writes its warnings from C++, past Python's sys.stderr
         fd = os.open(str(out_dir / f"stderr{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
