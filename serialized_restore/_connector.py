@@ -69,7 +69,8 @@ class OptimizerSource(enum.Enum):
     """Where stage 2 takes the optimizer state from (fit only)."""
 
     IN_DICT = "in the dict"
-    """Already in private memory in the cached dict (read eagerly and changed by a hook, or FSDP's own copy)."""
+    """Already in private memory in the cached dict (read eagerly and changed by a hook, or the strategy's own
+    copy)."""
     # series: mmap
     COPY_FROM_MAPPING = "copy from the mapping"
     """Views of the memory-mapped file: handed to the optimizers, and what they keep of it copied into private memory
@@ -112,7 +113,7 @@ class _Restore:
         return self.loaded.reader if self.loaded is not None else ""
 
     def read_path(self) -> Any:
-        """Where the rank reads: the checked local copy of a remote checkpoint, else the path given."""
+        """Where the rank reads: the path given, or the checked copy the restore made of it."""
         # series: remote
         if self.local_copy is not None:
             return self.local_copy.checked_path()

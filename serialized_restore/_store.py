@@ -183,8 +183,11 @@ class StageKeys:
     def where(self, node: int, local: int) -> str:
         return f"{self._p}where/{node}/{local}"
 
+    # series: auto
     def decision(self, node: int) -> str:
         return f"{self._p}decision/{node}"
+
+    # series: end
 
     def all_wake_keys(self, nodes: int, local_world_size: int) -> list[str]:
         return [self.wake(n, r) for n in range(nodes) for r in range(local_world_size)]

@@ -128,7 +128,7 @@ class TurnSchedule:
         of the job to end the stage. Raises :class:`CheckpointRestoreError` on every rank if any rank fails, times
         out or stops responding; on the rank whose body raised, the body's exception is its ``__cause__``.
         With ``ordered=False`` every rank's turn starts at once (nobody waits for a predecessor): a stage that
-        allocates nothing transient, or an exchange (:meth:`on_one_rank`). ``logged`` (default: ``ordered``) says
+        allocates nothing transient, or an exchange of one rank's result. ``logged`` (default: ``ordered``) says
         whether each rank logs its turn's start and end and local rank 0 the node's summary.
         """
         record = TurnRecord(stage=stage)
@@ -211,6 +211,7 @@ class TurnSchedule:
         finally:
             monitor.stop()
 
+    # series: auto
     def on_one_rank(
         self, stage: str, compute: Callable[[], str | None], *, central: bool, per_node: bool = False
     ) -> str | None:
@@ -243,6 +244,8 @@ class TurnSchedule:
         value = self.on_one_rank(stage, decide, central=self.placement.local_rank == 0, per_node=True)
         assert value is not None, "decide() returned None"
         return value
+
+    # series: end
 
     # ---------------------------------------------------------------- waiting
 
