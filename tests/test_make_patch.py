@@ -1,7 +1,9 @@
-"""The upstream patch generator's rewrite of a package module into its Lightning copy (``upstream/make_patch.py``).
+"""The upstream generator's rewrite of a package module into its Lightning copy (``upstream/make_patch.py``), and
+its cut of a module to a step of the series.
 
 The whole generator runs in ``.ci/upstream_check.sh`` against the pinned sdist; these tests pin down the rewrite of
-the package's Lightning class lookups into direct imports, and that the logic check refuses a copy whose code differs.
+the package's Lightning class lookups into direct imports, that the logic check refuses a copy whose code differs,
+and how the ``# series:`` blocks cut a module (the last step being the package module itself).
 """
 
 from __future__ import annotations

@@ -1,15 +1,19 @@
-"""Generate the upstream pull request for Lightning from this package's own modules.
+"""Generate the upstream pull requests for Lightning from this package's own modules.
 
-Writes two patches, both against the layout of the Lightning repository:
+Writes, into ``upstream/``, against the layout of the Lightning repository:
 
-* ``serialized-checkpoint-loading.patch``: the change itself. The modules of ``serialized_restore`` that the connector
-  needs are copied into ``src/lightning/pytorch/trainer/connectors/serialized_restore/`` with their package-internal
-  imports rewritten, the package's lookups of Lightning classes (``_flavour.py``, which serves its two distributions)
+* ``series/<n>-<step>.patch``: the series of pull requests (``STEPS``), each a diff on top of the previous one. The
+  modules of ``serialized_restore`` that the connector needs are cut to the step (``cut``: the ``# series:`` blocks),
+  copied into ``src/lightning/pytorch/trainer/connectors/serialized_restore/`` with their package-internal imports
+  rewritten, the package's lookups of Lightning classes (``_flavour.py``, which serves its two distributions)
   replaced by direct imports (and a module importing at its top what Lightning does not require is refused); a few
-  lines wire ``serialized_checkpoint_loading`` into ``Trainer``; the CHANGELOG gets one line; the upstream-style
-  tests are added. It applies to the ``src/`` tree of the ``lightning`` source distribution and to a checkout.
-* ``serialized-checkpoint-loading-docs.patch``: the docs paragraph, for a checkout (the source distribution ships no
-  ``docs/``).
+  lines wire ``serialized_checkpoint_loading`` into ``Trainer``; the CHANGELOG gets one line per step; the
+  upstream-style tests, cut the same way, are added. Each applies to the ``src/`` tree of the ``lightning`` source
+  distribution and to a checkout.
+* ``series/<n>-<step>.md``: each pull request's description (``pr/<step>.md`` and the files and tests it adds), also
+  written into the last section of ``README.md``.
+* ``serialized-checkpoint-loading-docs.patch``: the docs tip for the whole series, for a checkout (the source
+  distribution ships no ``docs/``).
 
 The base files come from the ``lightning`` sdist of the version pinned in ``requirements/ci.txt``, downloaded with
 ``pip download --no-binary :all: --no-deps`` unless ``--sdist`` names one. The output is deterministic: no dates, no
@@ -17,7 +21,7 @@ local paths, files in sorted order.
 
 Usage::
 
-    python upstream/make_patch.py             # (re)write both patches
+    python upstream/make_patch.py             # (re)write the series, the descriptions and the docs patch
     python upstream/make_patch.py --check     # exit 1 if they are not what the package produces now
 """
 
@@ -131,7 +135,7 @@ def trainer_edits(step: int) -> list[tuple[str, str]]:
     )
     kind = (
         "Union[bool, int, str, SerializedLoading]"
-        if step >= STEP_NAMES.index("auto")
+        if _present(step, "auto", None)
         else "Union[bool, int, SerializedLoading]"
     )
     return [
@@ -489,10 +493,10 @@ def _prune_imports(lines: list[str], where: str) -> list[str]:
 # ------------------------------------------------------------------------------------- module rewriting
 
 
-def package_modules(step: int) -> list[str]:
-    """The package's modules the connector needs as of ``step``: ``_connector`` and what it imports from the package,
-    recursively, in the modules as ``cut`` leaves them."""
-    seen: list[str] = []
+def package_modules(step: int) -> dict[str, str]:
+    """The package's modules the connector needs as of ``step``, by name, each as ``cut`` leaves it: ``_connector``
+    and what it imports from the package, recursively."""
+    seen: dict[str, str] = {}
     todo = [ROOT_MODULE]
     while todo:
         name = todo.pop()
@@ -501,8 +505,8 @@ def package_modules(step: int) -> list[str]:
         path = PACKAGE / f"{name}.py"
         if not path.is_file():
             raise GenerationError(f"serialized_restore/{name}.py is imported but does not exist")
-        seen.append(name)
-        for node in ast.walk(ast.parse(cut(path.read_text(), step, f"serialized_restore/{name}.py"))):
+        seen[name] = cut(path.read_text(encoding="utf-8"), step, f"serialized_restore/{name}.py")
+        for node in ast.walk(ast.parse(seen[name])):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "serialized_restore":
                 parts = node.module.split(".")
                 if len(parts) != 2 or not parts[1].startswith("_"):
@@ -513,7 +517,7 @@ def package_modules(step: int) -> list[str]:
                 todo.append(parts[1])
             elif isinstance(node, ast.Import) and any(a.name.split(".")[0] == "serialized_restore" for a in node.names):
                 raise GenerationError(f"serialized_restore/{name}.py: use `from serialized_restore._x import ...`")
-    return sorted(seen)
+    return dict(sorted(seen.items()))
 
 
 def upstream_name(module: str) -> str:
@@ -940,9 +944,8 @@ def tree_at(step: int, base: dict[str, str]) -> dict[str, str]:
     """Every file the series has added or changed by ``step``, with its text then."""
     new: dict[str, str] = {}
     modules = package_modules(step)
-    for module in modules:
-        source = cut((PACKAGE / f"{module}.py").read_text(encoding="utf-8"), step, f"serialized_restore/{module}.py")
-        new[f"{UPSTREAM_DIR}/{upstream_name(module)}.py"] = rewrite_module(module, source, modules)
+    for module, source in modules.items():
+        new[f"{UPSTREAM_DIR}/{upstream_name(module)}.py"] = rewrite_module(module, source, list(modules))
     for path, text in hand_written_files(step).items():
         if path in new:
             raise GenerationError(f"upstream/tree/{path} would replace a module generated from the package")
@@ -1064,7 +1067,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"make_patch.py: {err}", file=sys.stderr)
         return 2
 
-    written = {name for name in files}
+    written = set(files)
     if args.check:
         stale = [name for name, text in files.items() if _read(HERE / name) != text]
         extra = sorted(

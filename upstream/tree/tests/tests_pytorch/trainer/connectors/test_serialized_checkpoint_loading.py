@@ -214,6 +214,7 @@ def test_serialized_checkpoint_loading_auto_refuses_when_no_turn_fits(tmp_path):
 
 # series: end
 
+
 def test_serialized_checkpoint_loading_single_process_raises_the_default_restores_error(tmp_path):
     """In one process a failed restore raises exactly what the default restore raises: same type, same message."""
     ckpt_path = _first_epoch_checkpoint(tmp_path)
