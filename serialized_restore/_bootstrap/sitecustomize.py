@@ -55,8 +55,8 @@ class _LightningImportHook:
                 if spec is not None:
                     break
         loader: Any = spec.loader if spec is not None else None
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
+        if loader is None or isinstance(loader, type) or not hasattr(loader, "exec_module"):
+            return spec  # nothing to run after (a namespace package), or a loader shared by every module it loads
         upstream = loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
