@@ -2,8 +2,10 @@ import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 here = Path(__file__).parent
+PTH = "serialized_restore.pth"
 version = {}
 for line in (here / "serialized_restore" / "__init__.py").read_text().splitlines():
     if line.startswith("__version__"):
@@ -18,6 +20,19 @@ def long_description() -> str:
     return re.sub(r"\[([^\]]+)\]\((?!https?://|#)([^)]+)\)", r"\1 (`\2` in the source distribution)", text)
 
 
+class build_py_with_pth(build_py):
+    """Also puts ``serialized_restore.pth`` at the top of the wheel, where site-packages' ``.pth`` files go: Python
+    runs its one line at every start, which, only when ``SERIALIZED_RESTORE`` is set, puts the launcher's bootstrap
+    first on the path, so that the variable alone switches the option on (see ``serialized_restore/_launch.py``)."""
+
+    def run(self) -> None:
+        super().run()
+        self.copy_file(str(here / "serialized_restore" / "_bootstrap" / PTH), str(Path(self.build_lib) / PTH))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / PTH)]
+
+
 setup(
     name="serialized_restore",
     version=version["__version__"],
@@ -25,7 +40,9 @@ setup(
     long_description=long_description(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["serialized_restore", "serialized_restore.*"]),
-    package_data={"serialized_restore": ["py.typed"]},
+    package_data={"serialized_restore": ["py.typed", "_bootstrap/sitecustomize.py"]},
+    entry_points={"console_scripts": ["serialized-restore = serialized_restore._launch:main"]},
+    cmdclass={"build_py": build_py_with_pth},
     # Lightning 2.6 needs Python >= 3.10; CI tests Python 3.11 (requirements/ci.txt)
     python_requires=">=3.10",
     # Supported: Lightning 2.6.x (both the `pytorch-lightning` and the unified `lightning` distribution).

@@ -55,6 +55,19 @@ def test_wheel_metadata_is_complete(dist: Path) -> None:
     assert "docs/benchmarks.md" in description
 
 
+def test_wheel_ships_the_launcher(dist: Path) -> None:
+    """The console script, the bootstrap `sitecustomize` and, at the top of site-packages, the `.pth` that lets
+    `SERIALIZED_RESTORE` alone switch the option on (the same line as the source's)."""
+    (wheel,) = dist.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        entry_points = archive.read(next(n for n in names if n.endswith("/entry_points.txt"))).decode()
+        pth = archive.read("serialized_restore.pth").decode()
+    assert "serialized_restore/_bootstrap/sitecustomize.py" in names
+    assert "serialized-restore = serialized_restore._launch:main" in entry_points
+    assert pth == (REPO / "serialized_restore" / "_bootstrap" / "serialized_restore.pth").read_text()
+
+
 def test_sdist_can_run_its_tests(dist: Path) -> None:
     """The sdist ships the test helpers and fixtures its tests import, and what the README's commands need."""
     (sdist,) = dist.glob("*.tar.gz")
@@ -71,6 +84,8 @@ def test_sdist_can_run_its_tests(dist: Path) -> None:
         "scripts/env.sh",
         "docs/failures.md",
         "serialized_restore/py.typed",
+        "serialized_restore/_bootstrap/serialized_restore.pth",
+        "serialized_restore/_bootstrap/sitecustomize.py",
     ):
         assert needed in names, needed
     tests = {n for n in names if n.startswith("tests/test_") and n.endswith(".py")}

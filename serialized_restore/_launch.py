@@ -1,0 +1,203 @@
+"""Switch the serialized restore on for every Lightning ``Trainer`` and ``Fabric`` of a job without changing its code.
+
+``serialized-restore run [--k K | --auto] -- <command ...>`` runs the command with ``SERIALIZED_RESTORE`` set to the
+value asked for and this package's bootstrap directory first on ``PYTHONPATH``, the way instrumentation launchers
+(``opentelemetry-instrument``, ``ddtrace-run``) reach every process of a job: each Python process the command starts,
+and each one those start (Lightning's launchers, ``torchrun``, ``mp.spawn``), inherits both and imports the bootstrap's
+``sitecustomize`` at startup, which registers an import hook and imports nothing else.
+
+When such a process first imports Lightning, the hook calls :func:`switch_on` right after the package has run, before
+the program can see its classes: the package's ``Trainer`` and ``Fabric`` become this project's (a framework's own
+``Trainer`` subclass, defined later, inherits from it), whose ``serialized_checkpoint_loading`` now defaults to the
+variable's value. A value the program passes itself, ``False`` included, is left as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable
+
+VARIABLE = "SERIALIZED_RESTORE"
+BOOTSTRAP = str(Path(__file__).resolve().with_name("_bootstrap"))
+"""The directory holding the bootstrap ``sitecustomize.py``."""
+_PARAMETER = "serialized_checkpoint_loading"
+_ACCEPTED = (
+    "`1` (the local ranks of a node restore one at a time), a positive int k (at most k at once), `auto` (k chosen"
+    " per node from the memory available) or `0` (off, as unset)"
+)
+
+# what each Lightning package is given, once it has run: (our module, {module: names replaced there})
+_REPLACEMENTS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
+    "lightning": (
+        "serialized_restore.lightning",
+        {
+            "lightning": ("Trainer", "Fabric"),
+            "lightning.pytorch": ("Trainer",),
+            "lightning.pytorch.trainer": ("Trainer",),
+            "lightning.fabric": ("Fabric",),
+        },
+    ),
+    "pytorch_lightning": (
+        "serialized_restore.pytorch_lightning",
+        {"pytorch_lightning": ("Trainer",), "pytorch_lightning.trainer": ("Trainer",)},
+    ),
+    "lightning_fabric": ("serialized_restore.fabric", {"lightning_fabric": ("Fabric",)}),
+}
+# where each replaced class logs its line: Lightning's rank-zero logger of the package the class comes from
+_RANK_ZERO = {
+    ("lightning", "Trainer"): "lightning.pytorch",
+    ("lightning", "Fabric"): "lightning.fabric",
+    ("pytorch_lightning", "Trainer"): "pytorch_lightning",
+    ("lightning_fabric", "Fabric"): "lightning_fabric",
+}
+_announced = False
+
+
+def parse(raw: str) -> bool | int | str:
+    """The ``serialized_checkpoint_loading`` value ``SERIALIZED_RESTORE=raw`` stands for; ``ValueError`` naming the
+    variable and the accepted values when it stands for none."""
+    text = raw.strip()
+    if text == "auto":
+        return "auto"
+    if text.isascii() and text.isdigit():
+        k = int(text)
+        return False if k == 0 else True if k == 1 else k
+    raise ValueError(f"`{VARIABLE}={raw!r}` is not supported. Accepted values: {_ACCEPTED}.")
+
+
+def switch_on(imported: str, raw: str, how: str) -> tuple[str, ...]:
+    """(each process, when it has imported a Lightning package or this project's module for it) Replace the
+    package's ``Trainer`` / ``Fabric`` with this project's, defaulting to the value ``SERIALIZED_RESTORE=raw`` stands
+    for; ``how`` (``"launcher"`` or ``"variable"``) is named in the log line.
+
+    Returns the modules done with: both, or none while this project's module is still being imported (it imports
+    the package first; the hook calls again when it is done). A malformed value raises ``ValueError`` from the import
+    of Lightning, in every process that imports it."""
+    package = next(p for p, (ours_name, _) in _REPLACEMENTS.items() if imported in (p, ours_name))
+    ours_name, targets = _REPLACEMENTS[package]
+    value = parse(raw)
+    if value is False:
+        return (package, ours_name)
+    ours = sys.modules.get(ours_name) or importlib.import_module(ours_name)
+    if not all(hasattr(ours, name) for names in targets.values() for name in names):
+        return ()
+    by = f"by `serialized-restore run` ({VARIABLE}={raw})" if how == "launcher" else f"by {VARIABLE}={raw}"
+    for module, names in targets.items():
+        for name in names:
+            cls = getattr(ours, name)
+            _default_to(cls, value, by, _RANK_ZERO[(package, name)])
+            setattr(sys.modules[module], name, cls)
+    return (package, ours_name)
+
+
+def _default_to(cls: type, value: object, by: str, rank_zero_root: str) -> None:
+    """Make ``value`` the default of ``cls(serialized_checkpoint_loading=...)``, in its signature too (LightningCLI
+    builds its parser from it), and log on rank 0, once per process, what a construction used."""
+    init: Callable[..., None] = cls.__init__  # type: ignore[misc]  # the class's own, as built by its module
+    if getattr(init, "_serialized_restore_default", None) is not None:
+        return  # one class stands for several names (``lightning.Fabric``, ``lightning.fabric.Fabric``)
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        given = kwargs.setdefault(_PARAMETER, value)
+        init(self, *args, **kwargs)
+        _announce(type(self).__name__, given, value, by, rank_zero_root)
+
+    parameters = [p.replace(default=value) if p.name == _PARAMETER else p for p in signature.parameters.values()]
+    __init__.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    __init__._serialized_restore_default = value  # type: ignore[attr-defined]
+    del __init__.__wrapped__  # type: ignore[attr-defined]  # the signature is the one set above
+    cls.__init__ = __init__  # type: ignore[misc]
+
+
+def _announce(owner: str, given: object, value: object, by: str, rank_zero_root: str) -> None:
+    global _announced
+    if _announced:
+        return
+    _announced = True
+    if given == value:
+        message = f"serialized restore: {owner}(serialized_checkpoint_loading={value!r}) switched on {by}"
+    else:
+        message = (
+            f"serialized restore: the program builds {owner}(serialized_checkpoint_loading={given!r}) itself, which"
+            f" wins over {value!r} set {by}"
+        )
+    rank_zero_info: Callable[[str], None] = importlib.import_module(
+        f"{rank_zero_root}.utilities.rank_zero"
+    ).rank_zero_info
+    rank_zero_info(message)
+
+
+def launch_environment(environ: Mapping[str, str], value: str) -> dict[str, str]:
+    """``environ`` with ``SERIALIZED_RESTORE=value`` and the bootstrap directory first on ``PYTHONPATH``."""
+    env = dict(environ)
+    env[VARIABLE] = value
+    path = env.get("PYTHONPATH", "")
+    if path.split(os.pathsep)[0] != BOOTSTRAP:
+        env["PYTHONPATH"] = BOOTSTRAP + (os.pathsep + path if path else "")
+    return env
+
+
+_DESCRIPTION = f"""\
+Run a command with the serialized restore switched on for every Lightning Trainer and Fabric it builds, in every
+Python process it starts (the ranks Lightning's launchers, torchrun or mp.spawn start included), without changing
+its code: when a process imports Lightning, its Trainer and Fabric (lightning, lightning.pytorch, lightning.fabric,
+pytorch_lightning, lightning_fabric) are replaced by serialized_restore's, whose serialized_checkpoint_loading
+defaults to the value given here. A value the program passes itself wins. Processes that never import Lightning
+are unchanged. Rank 0 logs one line saying what was switched on.
+
+The launcher sets {VARIABLE} (1, k or auto) and puts serialized_restore's bootstrap sitecustomize first on
+PYTHONPATH; a sitecustomize of your own is still imported after it. Without the launcher, setting {VARIABLE} in
+the job's environment has the same effect where serialized_restore is installed (pip install, not editable)."""
+
+_EXAMPLES = """\
+examples:
+  serialized-restore run -- python train.py --ckpt last.ckpt
+  serialized-restore run --auto -- torchrun --nproc-per-node 8 train.py fit --ckpt_path last.ckpt
+  SERIALIZED_RESTORE=2 python train.py            (the variable alone, same effect as --k 2)"""
+
+
+def _positive_int(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return int(text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``serialized-restore run [--k K | --auto] -- <command ...>``: replaces this process with the command."""
+    parser = argparse.ArgumentParser(
+        prog="serialized-restore",
+        description="Resume Lightning jobs from large checkpoints without running out of memory.",
+    )
+    commands = parser.add_subparsers(dest="subcommand", required=True, metavar="run")
+    run = commands.add_parser(
+        "run",
+        help="run a command with the serialized restore switched on",
+        description=_DESCRIPTION,
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="serialized-restore run [-h] [--k K | --auto] -- command [arg ...]",
+    )
+    how = run.add_mutually_exclusive_group()
+    how.add_argument("--k", type=_positive_int, help="at most K local ranks of a node restore at once (default: 1)")
+    how.add_argument("--auto", action="store_true", help="K chosen per node from the memory available at restore time")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the command, after `--`")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        run.error("no command given")
+    value = "auto" if args.auto else str(args.k or 1)
+    try:
+        os.execvpe(command[0], command, launch_environment(os.environ, value))
+    except OSError as err:
+        print(f"serialized-restore run: cannot run {command[0]!r}: {err.strerror}", file=sys.stderr)
+        return 126 if isinstance(err, PermissionError) else 127
+    return 0  # pragma: no cover - execvpe does not return
