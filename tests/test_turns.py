@@ -182,6 +182,8 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
             failed_ranks=err.failed_ranks,
             kinds=[f.kind for f in err.failures],
             cause=repr(err.__cause__),
+            context=repr(err.__context__),
+            printed="".join(traceback.format_exception(type(err), err, err.__traceback__)),
             pickled=str(pickle.loads(pickle.dumps(err))) == str(err),
         )
     except KeyboardInterrupt as err:
@@ -315,8 +317,12 @@ def test_an_exception_in_one_turn_is_raised_on_every_rank(tmp_path, failing):
         error = outcome["error"]
         assert f"failed on rank(s) {failing} in stage 'restore modules and callbacks'" in error
         assert f"ValueError: bad state in turn of rank {failing}" in error
-        assert f"Traceback on rank {failing}" in error and "_misbehave" in error
-        assert outcome["cause"].startswith("ValueError") if rank == failing else outcome["cause"] == "None"
+        assert f"Raised on rank {failing} in `_misbehave` (" in error and "`turn`" not in error
+        # one traceback per rank: on the failing rank it runs down to where the body raised, whose exception is the
+        # error's (unprinted) context
+        assert outcome["printed"].count("Traceback") == 1 and outcome["cause"] == "None"
+        assert ("in _misbehave\n" in outcome["printed"]) == (rank == failing)
+        assert outcome["context"].startswith("ValueError") if rank == failing else outcome["context"] == "None"
         assert outcome["ended"] - result["fault"]["at"] < 3.0
     # the ranks after the failing one never started their turn
     assert all(not result["ranks"][r]["events"] for r in range(failing + 1, 4))
