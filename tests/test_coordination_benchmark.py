@@ -19,6 +19,7 @@ import pytest
 
 from benchmarks import coordination_benchmark as bench
 from benchmarks._watch_host import SharedThread
+from tests.helpers.watches import Ticking
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,30 +92,12 @@ def test_the_docs_section_is_replaced_and_the_rest_kept_byte_for_byte(tmp_path: 
     assert page.read_text() == bench.SECTION + "\n\nnew\n\n## After\n\nkept\n"
 
 
-class _Ticking:
-    """Stands in for a watch on the benchmark's shared host: counts its steps and the threads that ran them."""
-
-    def __init__(self, tick: float, step_seconds: float = 0.0, steps_before_stop: int = -1) -> None:
-        self.tick, self.step_seconds, self.steps_before_stop = tick, step_seconds, steps_before_stop
-        self.steps = 0
-        self.running = False
-        self.threads: set[int] = set()
-
-    def step(self, now: float) -> bool:
-        self.running = True
-        self.threads.add(threading.get_ident())
-        time.sleep(self.step_seconds)
-        self.steps += 1
-        self.running = False
-        return self.steps != self.steps_before_stop
-
-
 def test_the_shared_host_runs_every_watch_on_one_thread_at_its_own_tick():
     """The simulator's ``SharedThread`` steps the watches of many ranks on one thread, each at its own rate; one
     whose step asks to stop is no longer run; a stopped one is not stepped again, and stopping waits for a step in
     progress."""
     host = SharedThread()
-    fast, slow, once = _Ticking(0.01), _Ticking(0.1), _Ticking(0.01, steps_before_stop=1)
+    fast, slow, once = Ticking(0.01), Ticking(0.1), Ticking(0.01, steps_before_stop=1)
     for watch in (fast, slow, once):
         host.start(watch)
     deadline = time.monotonic() + 10.0  # a loaded machine may hold the thread back; the rates are what counts
@@ -123,7 +106,7 @@ def test_the_shared_host_runs_every_watch_on_one_thread_at_its_own_tick():
     assert slow.steps >= 3 and fast.steps > 2 * slow.steps, (fast.steps, slow.steps)
     assert once.steps == 1 and not host.runs(once)
     assert len(fast.threads | slow.threads) == 1 and threading.get_ident() not in fast.threads
-    long = _Ticking(0.01, step_seconds=0.3)
+    long = Ticking(0.01, step_seconds=0.3)
     host.start(long)
     deadline = time.monotonic() + 2.0
     while not long.running and time.monotonic() < deadline:
@@ -142,7 +125,7 @@ def test_a_shared_host_stuck_in_one_step_counts_as_not_running():
     as not running once ``stuck_after`` has passed, so that their waits end at the backstop; it runs again after."""
     host = SharedThread()
     host.stuck_after = 0.5
-    stuck, other = _Ticking(0.01, step_seconds=2.0), _Ticking(0.01)
+    stuck, other = Ticking(0.01, step_seconds=2.0), Ticking(0.01)
     host.start(stuck)
     host.start(other)
     deadline = time.monotonic() + 5.0

@@ -27,6 +27,7 @@ from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING
 from serialized_restore._order import NodeLog
 from serialized_restore._store import StageKeys, StageStore, identity_key, open_namespace
 from serialized_restore._turns import RankPlacement, TurnSchedule
+from tests.helpers.watches import Ticking
 
 STAGE = "restore modules and callbacks"
 
@@ -86,29 +87,11 @@ def test_gone_messages_say_what_the_rank_was_doing_and_the_setting():
     assert f"Set {HEARTBEAT_TIMEOUT_SETTING} (seconds, now 3)" in silent.message and "3.4s" in silent.message
 
 
-class _Ticking:
-    """Stands in for a ``Watch`` on its host: counts its steps and the threads that ran them."""
-
-    def __init__(self, tick: float, step_seconds: float = 0.0, steps_before_stop: int = -1) -> None:
-        self.tick, self.step_seconds, self.steps_before_stop = tick, step_seconds, steps_before_stop
-        self.steps = 0
-        self.running = False
-        self.threads: set[int] = set()
-
-    def step(self, now: float) -> bool:
-        self.running = True
-        self.threads.add(threading.get_ident())
-        time.sleep(self.step_seconds)
-        self.steps += 1
-        self.running = False
-        return self.steps != self.steps_before_stop
-
-
 def test_the_default_host_steps_each_watch_on_a_thread_of_its_own_until_stopped():
     """``OwnThread`` steps a watch every tick on a thread that is not the caller's, runs it no more once a step
     returns ``False``, and ``stop`` waits for a step in progress, after which no step runs."""
     host = OwnThread()
-    fast, once, slow = _Ticking(0.01), _Ticking(0.01, steps_before_stop=1), _Ticking(0.01, step_seconds=0.3)
+    fast, once, slow = Ticking(0.01), Ticking(0.01, steps_before_stop=1), Ticking(0.01, step_seconds=0.3)
     for watch in (fast, once, slow):
         host.start(watch)
     deadline = time.monotonic() + 10.0
