@@ -124,17 +124,8 @@ class RankFailure:
         return cls(**data)
 
 
-_FIELDS: dict[str, type] = {
-    "global_rank": int,
-    "node_rank": int,
-    "local_rank": int,
-    "stage": str,
-    "kind": str,
-    "message": str,
-    "traceback": str,
-    "reported_by": int,
-    "error_types": list,
-}
+_FIELDS: dict[str, type] = dict(global_rank=int, node_rank=int, local_rank=int, stage=str, kind=str, message=str)
+_FIELDS.update(traceback=str, reported_by=int, error_types=list)
 _REQUIRED = ("global_rank", "stage", "kind", "message")
 _OPTIONAL = ("node_rank", "local_rank", "reported_by")
 

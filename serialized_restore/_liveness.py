@@ -1,19 +1,16 @@
 """Liveness: while a rank takes part in a stage, its :class:`Watch` keeps it visible and ends every wait in its bound.
 
-One watch per rank and stage, stepped on a thread of its own (every ``tick``, at most ``_TICK`` seconds), with three
-jobs, all on the rank's side connection (``_store.StageStore.side``):
+One watch per rank and stage, stepped every ``tick`` (at most ``_TICK`` seconds) on the rank's side connection, with
+three jobs: **heartbeat** (every ``heartbeat_timeout / 4`` seconds, at most ``_BEAT_MAX``); **peer watch** (a process
+of its node gone from this machine is seen in ``/proc`` within a tick, a heartbeat silent for the heartbeat timeout
+at the beat rate; either is posted); **turn timeout** (while the main thread waits, it re-checks every ``_RECHECK``
+seconds, or a tenth of a shorter turn timeout, what the wait is for: it repairs a lost wake-up or close, and posts a
+timeout when nothing moved for the turn timeout). It also sets the failure exchange's waits free at their bound, and
+while the main thread is inside its turn publishes where it is (for the timeout message) and keeps the stage's
+failure reports, so that a rank can name a failure after losing the store.
 
-* **heartbeat**: beats the rank's counter every ``heartbeat_timeout / 4`` seconds (at most ``_BEAT_MAX``);
-* **peer watch**: a process of its node gone from this machine is seen in ``/proc`` within a tick (no store
-  traffic), a heartbeat silent for the heartbeat timeout at the beat rate (:class:`PeerWatch`); either is posted;
-* **turn timeout**: while the main thread waits, it re-checks every ``_RECHECK`` seconds (a tenth of a shorter turn
-  timeout) what the wait is for: it sets the rank's own wake-up key if a wake-up was lost, closes a stage whose last
-  close was lost, and posts a timeout when nothing moved for the turn timeout (``_diagnosis``). It also ends the
-  failure exchange's waits at their bound, and while the main thread is inside its turn publishes where it is (for
-  the timeout message) and keeps the stage's failure reports, so that a rank can name a failure after losing the store.
-
-:class:`WatchHost` runs the watches: by default each on a daemon thread of its own (:class:`OwnThread`). It is the
-seam through which a simulation hosting many ranks in one process can run them on fewer threads.
+A :class:`WatchHost` runs the watches: by default each on a daemon thread of its own (:class:`OwnThread`); a
+simulation hosting many ranks in one process may run them on fewer threads.
 """
 
 from __future__ import annotations
@@ -141,11 +138,12 @@ class PeerWatch:
         return silent
 
 
-def gone_failure(stage: str, observer: int, node: int, local: int, who: Identity, *, exited: bool, doing: str,
-                 silent: float, heartbeat_timeout: float) -> RankFailure:  # fmt: skip
-    """A peer whose process exited (``exited``) or whose heartbeat has been silent for ``silent`` seconds."""
+def gone_failure(
+    stage: str, observer: int, node: int, local: int, who: Identity, doing: str, silent: float, heartbeat_timeout: float
+) -> RankFailure:
+    """A peer whose process exited (``silent`` 0) or whose heartbeat has been silent for ``silent`` seconds."""
     bound = f"{HEARTBEAT_TIMEOUT_SETTING} (seconds, now {heartbeat_timeout:g})"
-    if exited:
+    if not silent:
         message = (
             f"its process (pid {who.pid}) exited while {doing} of stage {stage!r}: it was probably killed (for example"
             f" by the out-of-memory killer) or crashed without raising. Ranks on other machines are declared dead after"
@@ -157,7 +155,7 @@ def gone_failure(stage: str, observer: int, node: int, local: int, who: Identity
             f" probably died (killed, out of memory) or its machine is unreachable. Set {bound} to change how long"
             " ranks wait for a silent rank."
         )
-    kind = FailureKind.DIED if exited else FailureKind.UNRESPONSIVE
+    kind = FailureKind.UNRESPONSIVE if silent else FailureKind.DIED
     return RankFailure(who.global_rank, node, local, stage, kind, message, reported_by=observer)
 
 
@@ -181,16 +179,6 @@ class _Wait:
     last_change: float = 0.0
     done: bool = False
     """Timed out: diagnosed once."""
-
-
-class Schedule(Protocol):
-    """What a watch reads of its schedule (``_turns.TurnSchedule``)."""
-
-    placement: Any
-    peers: PeerWatch
-    turn_timeout: float
-    heartbeat_timeout: float
-    host: WatchHost
 
 
 class WatchHost(Protocol):
@@ -242,7 +230,8 @@ class OwnThread:
 class Watch:
     """(one rank, one stage) The rank's watch: see the module docstring. The main thread tells it where it is."""
 
-    def __init__(self, schedule: Schedule, store: StageStore) -> None:
+    def __init__(self, schedule: Any, store: StageStore) -> None:
+        """``schedule``: the rank's ``_turns.TurnSchedule`` (placement, peers, timeouts, host)."""
         self._s, self._store, self._p = schedule, store, schedule.placement
         beat_every, self._recheck = beat_interval(schedule.heartbeat_timeout), recheck_interval(schedule.turn_timeout)
         self.tick = min(_TICK, beat_every, self._recheck)
@@ -373,20 +362,11 @@ class Watch:
         if view.check([self._store.keys.closed]):
             return  # the stage ended, or failed and its ranks are raising: a peer that exits now has left it
         node_log = self._node_log()
-        failures = [
-            gone_failure(
-                self._store.keys.stage,
-                p.global_rank,
-                p.node_rank,
-                local,
-                peers.identities[local],
-                exited=not silent,
-                doing=node_log.doing(local),
-                silent=silent,
-                heartbeat_timeout=self._s.heartbeat_timeout,
-            )  # fmt: skip
-            for local, silent in sorted(new.items())
-        ]
+        stage, timeout = self._store.keys.stage, self._s.heartbeat_timeout
+        failures = []
+        for local, silent in sorted(new.items()):
+            who, doing = peers.identities[local], node_log.doing(local)
+            failures.append(gone_failure(stage, p.global_rank, p.node_rank, local, who, doing, silent, timeout))
         self._store.post(failures, view)
 
     def _node_log(self) -> NodeLog:

@@ -1,19 +1,12 @@
-"""The turn schedule: which local rank of a node restores when, and how failures reach every rank.
+"""The turn schedule: which local rank of a node restores when, and how a failure reaches every rank.
 
-This module knows nothing about checkpoints beyond the path it names in its errors. It coordinates through the
-key-value store of the default process group (the ``TCPStore`` that ``torch.distributed`` rendezvoused through)
-rather than through collectives, so that:
-
-* a waiting rank never sits in one barrier for ``N - 1`` turns: it blocks on a wake-up key, and its wait is bounded by
-  the time since the last turn on its node started or ended (``SerializedLoading.turn_timeout``);
-* a rank that fails inside its turn wakes every waiting rank at once, and every rank raises the same
-  :class:`~serialized_restore.CheckpointRestoreError`;
-* a rank that dies (SIGKILL, OOM killer) is reported at once by the ranks on its machine, which see its process
-  gone, and otherwise when its heartbeat has been silent for ``SerializedLoading.heartbeat_timeout`` seconds;
-* nothing in a turn runs a collective on behalf of the schedule, so the body of a turn is free to not be one.
-
-Per stage, a rank's main thread (here) and its watch thread (``_liveness.Watch``) share one ``_store.StageStore``;
-a failure ends the stage through ``_exchange.Exchange``. ``docs/design.md`` describes the protocol and its store load.
+It knows nothing about checkpoints beyond the path it names in its errors, and coordinates through the default process
+group's key-value store, never through collectives: a waiting rank blocks on one key, bounded by the turn timeout
+since the last turn on its node started or ended; a rank that fails wakes every waiting rank at once and every rank
+raises the same :class:`~serialized_restore.CheckpointRestoreError`; a rank that dies is seen gone by the ranks on its
+machine, or silent after the heartbeat timeout. Per stage, a rank's main thread (here) and its watch
+(``_liveness.Watch``) share one ``_store.StageStore``; a failed stage ends through ``_exchange.Exchange``.
+``docs/design.md`` describes the protocol and its store load.
 """
 
 from __future__ import annotations
@@ -90,12 +83,11 @@ class TurnRecord:
     """``"mmap"`` or ``"eager"`` when the turn read the file."""
 
     def describe(self) -> str:
-        """What the turn did, in words: ``mapped 1.4 GiB of the file``, ``copied 16.1 MiB out of the mapped file``."""
+        """What the turn moved, in words: ``read 1.4 GiB memory-mapped``, ``copied 16.1 MiB out of the mapped file``."""
         done = []
         if self.bytes_read or self.reader:
-            verb = "mapped" if self.reader == "mmap" else "read"
-            how = " eagerly" if self.reader == "eager" else ""
-            done.append(f"{verb} {format_bytes(self.bytes_read)} of the file{how}")
+            how = {"mmap": " memory-mapped", "eager": " eagerly"}.get(self.reader, "")
+            done.append(f"read {format_bytes(self.bytes_read)}{how}")
         if self.bytes_copied:
             done.append(f"copied {format_bytes(self.bytes_copied)} out of the mapped file")
         return ", ".join(done) or "read nothing"

@@ -77,12 +77,10 @@ def test_gone_messages_say_what_the_rank_was_doing_and_the_setting():
     """A peer whose process exited is ``died``, one silent past the heartbeat timeout ``unresponsive``; each message
     says what the rank was doing and names the heartbeat setting, the second also how long the rank was silent."""
     who = Identity(1, 1234, "m")
-    died = gone_failure(STAGE, 0, 0, 1, who, exited=True, doing="inside its turn", silent=0.0, heartbeat_timeout=3.0)
+    died = gone_failure(STAGE, 0, 0, 1, who, "inside its turn", 0.0, 3.0)
     assert died.kind == "died" and "(pid 1234) exited while inside its turn" in died.message
     assert "killed" in died.message and HEARTBEAT_TIMEOUT_SETTING in died.message and died.reported_by == 0
-    silent = gone_failure(
-        STAGE, 0, 0, 1, who, exited=False, doing="waiting for its turn", silent=3.4, heartbeat_timeout=3.0
-    )
+    silent = gone_failure(STAGE, 0, 0, 1, who, "waiting for its turn", 3.4, 3.0)
     assert silent.kind == "unresponsive" and "stopped responding while waiting for its turn" in silent.message
     assert f"Set {HEARTBEAT_TIMEOUT_SETTING} (seconds, now 3)" in silent.message and "3.4s" in silent.message
 
