@@ -3,7 +3,6 @@ JSON) and the one error every rank raises (:class:`CheckpointRestoreError`)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -43,8 +42,9 @@ class FailureKind(str, Enum):
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<name>.+)$', re.MULTILINE)
 _WHERE_FRAMES = 3
-_MACHINERY = (os.path.join(os.path.dirname(os.path.abspath(__file__)), "_turns.py"), contextlib.__file__)
-"""Frames of the turn itself, which every failure's traceback runs through: left out of where it was raised."""
+_MACHINERY = (f"{os.sep}serialized_restore{os.sep}_turns.py", f"{os.sep}contextlib.py")
+"""Files of the turn itself, which every failure's traceback runs through: left out of where it was raised (by name,
+so that every rank leaves out the same frames wherever the failing rank's files are)."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class RankFailure:
         if self.reported_by is not None and self.reported_by != self.global_rank:
             seen_by = f", reported by rank {self.reported_by}"
         text = f"{where}, stage {self.stage!r}{seen_by}: {self.message}"
-        frames = [f for f in _FRAME.findall(self.traceback) if f[0] not in _MACHINERY][-_WHERE_FRAMES:]
+        frames = [f for f in _FRAME.findall(self.traceback) if not f[0].endswith(_MACHINERY)][-_WHERE_FRAMES:]
         if frames:
             calls = " < ".join(f"`{name}` ({file}, line {line})" for file, line, name in reversed(frames))
             text += f"\n  Raised on rank {self.global_rank} in {calls}."

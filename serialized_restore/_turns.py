@@ -56,6 +56,12 @@ class Outcome(str, Enum):
     FAILED = "failed"
     """A rank posted a failure first."""
 
+    @classmethod
+    def of(cls, value: str) -> Outcome:
+        """The outcome a key's value means; anything but ours (another client of the store wrote it) ends the stage as
+        failed, so that the failure exchange names what is wrong."""
+        return cls._value2member_map_.get(value, cls.FAILED)  # type: ignore[return-value]
+
 
 @dataclass(frozen=True)
 class RankPlacement:
@@ -269,7 +275,7 @@ class TurnSchedule:
         if ordered:
             self._wake_successor(main, keys)
         if main.add(keys.finished, 1) >= p.world_size:
-            return Outcome(main.compare_set(keys.closed, "", Outcome.ENDED.value))
+            return Outcome.of(main.compare_set(keys.closed, "", Outcome.ENDED.value))
         with watch.waiting(WaitKind.END, keys.closed):
             return self._block(main, keys.closed, watch)
 
@@ -306,7 +312,7 @@ class TurnSchedule:
             pass
         if "error" in outcome:
             raise outcome["error"]
-        return Outcome(outcome["value"])
+        return Outcome.of(outcome["value"])
 
     def _log_turn_end(self, record: TurnRecord) -> None:
         self.log.info(

@@ -21,8 +21,7 @@ from serialized_restore import RankFailure
 from serialized_restore._exchange import Exchange
 from serialized_restore._liveness import Watch
 from serialized_restore._store import StageKeys, StageStore, open_namespace
-from serialized_restore._turns import RankPlacement, TurnSchedule
-from tests.helpers.store import connect
+from tests.helpers.store import connect, one_node_schedule
 
 CKPT = "/checkpoints/epoch=3.ckpt"
 STAGE = "restore modules and callbacks"
@@ -35,14 +34,7 @@ def _rank_main(rank: int, out: str, absent: list[int]) -> None:
     outcome: dict[str, Any] = {}
     try:
         store = connect(rank, WORLD, out_dir)
-        schedule = TurnSchedule(
-            store=store,
-            placement=RankPlacement(rank, WORLD, 0, rank, WORLD),
-            max_concurrent=1,
-            checkpoint_path=CKPT,
-            turn_timeout=30.0,
-            heartbeat_timeout=30.0,
-        )
+        schedule = one_node_schedule(store, rank, WORLD, CKPT)
         main, side = open_namespace(store, rank, 30.0)
         keys = StageKeys(STAGE)
         stage = StageStore(keys, main, side, [keys.wake(0, r) for r in range(WORLD)])
