@@ -1,26 +1,17 @@
-"""The failure exchange: how a failure seen on one rank reaches every rank, in O(1) store operations per rank.
+"""The failure exchange: how a failed stage ends on every rank, in O(1) store operations per rank.
 
-In store keys of the stage (``_store.StageKeys``):
+1. *Post* (``_store.StageStore.post``): the record, the count, ``closed`` set to ``"failed"`` (the first close decides
+   the stage's fate), every rank's wake-up key.
+2. *Acknowledge*: every rank, once it knows, posts its own failures and bumps ``acked``; the first claims
+   ``coordinator``.
+3. *Gather*: the coordinator waits until every rank acknowledged or is known to be gone, at most ``_GATHER_GRACE``
+   (a rank inside its turn acknowledges when its turn ends: failures within the grace are named together, a rank
+   blocked in its turn costs the others the grace, not a hang), then sets ``all_acked``.
+4. *Read*: every rank reads the reports once and bumps ``reads``; the coordinator waits, at most ``_LINGER``, until
+   every rank that acknowledged has read (a launcher kills the job once a process exits, and rank 0 hosts the
+   store), then sets ``all_read``, and every rank raises.
 
-1. *Post.* The rank that saw a failure (its own exception, or a peer it found dead, silent or stalled) appends a JSON
-   record to ``reports``, bumps ``failures``, and closes the stage as failed: ``compare_set(closed, "", "failed")``.
-   The first to close decides the stage's fate; a failure seen after the stage ``ended`` changes nothing (every rank
-   has ended its turn and left for the next stage). The poster then sets every rank's wake-up key in one
-   ``multi_set``, so that every waiting rank wakes at once, wherever it waits.
-2. *Acknowledge.* Every rank, once it knows (its wait returned ``"failed"``, or its turn ended and found the stage
-   failed), posts its own failures first and then bumps ``acked``. The first rank to acknowledge claims the
-   ``coordinator`` key.
-3. *Gather.* The coordinator watches two counters until every rank has acknowledged or is known to be gone, for at
-   most ``_GATHER_GRACE`` seconds, and then sets ``all_acked``. A rank still inside its turn acknowledges only when
-   its turn ends (a turn's body cannot be interrupted), so failures that happen within the grace of each other are
-   named together on every rank; a rank blocked in its turn (a collective) is not waited for beyond it. The others
-   block in ``get(all_acked)``.
-4. *Read.* Every rank reads ``reports`` once and bumps ``reads``; the coordinator waits (at most ``_LINGER``) until
-   every rank that acknowledged has read, and sets ``all_read``; then every rank raises. Waiting for the reads
-   matters because a launcher kills the whole job once the first process exits, and because the process hosting
-   the store (global rank 0 in Lightning's launchers) takes the store with it.
-
-If the coordinator dies, each rank's own watch ends its wait a few seconds after the bound (``_RELEASE_MARGIN``).
+If the coordinator dies, each rank's watch sets its wait free a few seconds after the bound (``_RELEASE_MARGIN``).
 """
 
 from __future__ import annotations
