@@ -327,12 +327,20 @@ class TurnSchedule:
             return
         took = max(node_log.started[r] + node_log.durations[r] for r in ranks) - min(node_log.started[r] for r in ranks)
         ends = [node_log.ends[r] for r in ranks if r in node_log.ends]
-        mapped, eager, copied = (format_bytes(sum(e[i] for e in ends)) for i in range(3))
+        mapped, eager, copied = (sum(e[i] for e in ends) for i in range(3))
+        did = []
+        if mapped:
+            size = format_bytes(max(e[0] for e in ends))
+            did.append(
+                f"{sum(1 for e in ends if e[0])} rank(s) mapped the file ({size}, pages shared in the page cache)"
+            )
+        did += [f"read {format_bytes(eager)} eagerly"] if eager else []
+        did += [f"copied {format_bytes(copied)} out of the mapping"] if copied else []
         at_once = f"at most {self.max_concurrent}" if ordered else "all"
         self.log.info(
             f"serialized restore: node {self.placement.node_rank} ran {len(ranks)} turns of {keys.stage!r} ({at_once}"
-            f" at once) in {took:.2f}s: mapped {mapped} of the file, read {eager} eagerly, copied {copied} out of the"
-            f" mapping; longest turn {max(node_log.durations[r] for r in ranks):.2f}s; at the end of its turn a rank's"
-            f" process held at most {format_bytes(max((e[3] for e in ends), default=0))} of private memory, of which"
-            f" its turn added at most {format_bytes(max((e[4] for e in ends), default=0))}"
+            f" at once) in {took:.2f}s: {', '.join(did) or 'read nothing'}; longest turn"
+            f" {max(node_log.durations[r] for r in ranks):.2f}s; at the end of its turn a rank's process held at most"
+            f" {format_bytes(max((e[3] for e in ends), default=0))} of private memory, of which its turn added at most"
+            f" {format_bytes(max((e[4] for e in ends), default=0))}"
         )
