@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import inspect
 import json
 import os
 import resource
@@ -300,6 +301,19 @@ class _Connections:
         return time.monotonic() - t0
 
 
+_HOST: Any = None
+
+
+def _watch_host() -> Any:
+    """This worker's one ``_watch_host.SharedThread``, made on first use."""
+    global _HOST
+    if _HOST is None:
+        from benchmarks._watch_host import SharedThread
+
+        _HOST = SharedThread()
+    return _HOST
+
+
 class _Run:
     """This process's ranks of one simulated restore."""
 
@@ -316,6 +330,10 @@ class _Run:
     def prepare(self) -> dict[str, Any]:
         from serialized_restore import CheckpointRestoreError
         from serialized_restore._turns import RankPlacement, TurnSchedule
+
+        # every rank's watch on the process's one shared thread, where the schedule takes a host (the package's
+        # default is a thread per watch, as in a job with one rank per process)
+        hosted = {"host": _watch_host()} if "host" in inspect.signature(TurnSchedule).parameters else {}
 
         cmd = self.cmd
         counting_store = _counting_store_class()
@@ -343,7 +361,7 @@ class _Run:
             )  # fmt: skip
             schedule = TurnSchedule(
                 store=store, placement=placement, max_concurrent=cmd["k"], checkpoint_path="simulated.ckpt",
-                turn_timeout=cmd["turn_timeout"], heartbeat_timeout=cmd["heartbeat_timeout"],
+                turn_timeout=cmd["turn_timeout"], heartbeat_timeout=cmd["heartbeat_timeout"], **hosted,
             )  # fmt: skip
             thread = threading.Thread(
                 target=self._rank, args=(rank, placement, schedule, counted.counter, CheckpointRestoreError),

@@ -1,7 +1,8 @@
-"""What went wrong, in words: the failure records of ranks that died, hang or time out. Pure functions, no store.
+"""A stalled stage, diagnosed: whom to blame when nothing moved for the turn timeout, and why.
 
-The callers (``_liveness.Monitor``) gather the facts from the store; everything here only turns facts into
-:class:`~serialized_restore.RankFailure` records, so that each message can be tested without processes.
+:func:`diagnose_stall` (a rank's watch thread, once per wait) gathers the facts from the store; everything else only
+turns facts into :class:`~serialized_restore.RankFailure` records, so that each message can be tested without
+processes.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
-from serialized_restore._errors import RankFailure, malformed_report
-from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING, TURN_TIMEOUT_SETTING
+from serialized_restore._errors import FailureKind, RankFailure
+from serialized_restore._options import TURN_TIMEOUT_SETTING
 from serialized_restore._order import NodeLog
+from serialized_restore._store import StageStore, identity_key
 
 _WHERE_FRAMES = 8
+_DIAGNOSIS_BUDGET = 5.0
+"""The longest the rank that diagnoses a job-wide stall spends reading the other nodes' state."""
 
 
 @dataclass(frozen=True)
@@ -86,57 +91,6 @@ def _in_torch_distributed(filename: str) -> bool:
     return f"torch{os.sep}distributed{os.sep}" in filename or "torch/distributed/" in filename
 
 
-def parse_reports(raw: str, stage: str) -> list[RankFailure]:
-    """The failure records of a stage; a record that is not one of ours becomes a failure that says so."""
-    failures = []
-    for line in raw.splitlines():
-        if not line.strip():
-            continue
-        try:
-            failures.append(RankFailure.from_json(line))
-        except ValueError as err:
-            failures.append(malformed_report(stage, line, err))
-    return failures
-
-
-def gone_failure(
-    *,
-    stage: str,
-    observer: int,
-    node: int,
-    local: int,
-    global_rank: int,
-    pid: int,
-    exited: bool,
-    doing: str,
-    silent: float,
-    heartbeat_timeout: float,
-) -> RankFailure:
-    """A peer whose process exited (``exited``) or whose heartbeat has been silent for ``silent`` seconds."""
-    bound = f"{HEARTBEAT_TIMEOUT_SETTING} (seconds, now {heartbeat_timeout:g})"
-    if exited:
-        message = (
-            f"its process (pid {pid}) exited while {doing} of stage {stage!r}: it was probably killed (for example by"
-            f" the out-of-memory killer) or crashed without raising. Ranks on other machines are declared dead after"
-            f" {bound} without a heartbeat."
-        )
-    else:
-        message = (
-            f"stopped responding while {doing} of stage {stage!r}: no heartbeat for {silent:.1f}s. The process"
-            f" probably died (killed, out of memory) or its machine is unreachable. Set {bound} to change how long"
-            " ranks wait for a silent rank."
-        )
-    return RankFailure(
-        global_rank=global_rank,
-        node_rank=node,
-        local_rank=local,
-        stage=stage,
-        kind="died" if exited else "unresponsive",
-        message=message,
-        reported_by=observer,
-    )
-
-
 def timeout_failures(
     *,
     stage: str,
@@ -195,7 +149,7 @@ def timeout_failures(
                 node_rank=node,
                 local_rank=local,
                 stage=stage,
-                kind="timeout",
+                kind=FailureKind.TIMEOUT,
                 message=(
                     f"still inside its turn after {now - logs[node].started[local]:.1f}s, and no turn on node {node}"
                     f" has started or ended for {idle:.1f}s: longer than the turn timeout, {setting}.{cause}"
@@ -212,7 +166,7 @@ def timeout_failures(
                     node_rank=node,
                     local_rank=local,
                     stage=stage,
-                    kind="timeout",
+                    kind=FailureKind.TIMEOUT,
                     message=(
                         f"rank {me} waited {idle:.1f}s for {what} with no turn starting or ending, longer than the"
                         f" turn timeout, {setting}: "
@@ -228,22 +182,51 @@ def timeout_failures(
     return failures
 
 
-def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFailure:
-    """The loss of the store itself, when nothing read from it before explains the end."""
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    host = "the launcher's agent (torchrun)" if agent else "global rank 0"
-    cause = err.__cause__ or err
-    first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-    return RankFailure(
-        global_rank=observer if agent else 0,
-        node_rank=None if agent else 0,
-        local_rank=None if agent else 0,
-        stage=stage,
-        kind="store lost",
-        message=(
-            f"lost contact with the process group's store, which is hosted by {host}: that process probably"
-            f" exited, was killed (for example by the out-of-memory killer) or crashed"
-            f" ({type(cause).__name__}: {first_line})."
-        ),
-        reported_by=observer,
+def diagnose_stall(
+    schedule: Any, store: StageStore, idle: float, node_log: NodeLog | None, predecessor: int | None
+) -> list[RankFailure]:
+    """(a rank's watch, once per wait) The timeout failures to post after ``idle`` seconds without progress: for the
+    own node (``node_log``) when waiting for the predecessor's end; for every unfinished node when waiting for the
+    stage to end, by the one rank that claims the diagnosis (so only one rank reads O(nodes) keys)."""
+    p, keys, view = schedule.placement, store.keys, store.side
+    deadline = time.monotonic() + _DIAGNOSIS_BUDGET
+    logs: dict[int, NodeLog] = {}
+    if node_log is not None:
+        logs[p.node_rank] = node_log
+        what = f"the end of local rank {predecessor}'s turn"
+    else:
+        if view.compare_set(keys.diagnosis, "", str(p.global_rank)) != str(p.global_rank):
+            return []  # another rank diagnoses the stall
+        what = "every rank to end the stage"
+        for node in range(max(1, p.world_size // p.local_world_size)):
+            if time.monotonic() > deadline:
+                break
+            log = NodeLog.parse(view.get_if_set(keys.log(node)))
+            if len(log.durations) < p.local_world_size:
+                logs[node] = log
+    arrived = {(p.node_rank, p.local_rank): p.global_rank}
+    arrived.update({(p.node_rank, local): ident.global_rank for local, ident in schedule.peers.identities.items()})
+    wheres: dict[tuple[int, int], Where] = {}
+    for node, log in logs.items():
+        for local in range(p.local_world_size):
+            if time.monotonic() > deadline:
+                break
+            if node != p.node_rank and (node, local) not in arrived:
+                raw = view.get_if_set(identity_key(node, local))
+                if raw is not None:
+                    arrived[(node, local)] = int(json.loads(raw)[0])  # an Identity
+            if local in log.inside():
+                raw = view.get_if_set(keys.where(node, local))
+                if raw is not None:
+                    wheres[(node, local)] = Where.from_json(raw)
+    return timeout_failures(
+        stage=keys.stage,
+        observer=(p.global_rank, p.node_rank, p.local_rank),
+        local_world_size=p.local_world_size,
+        turn_timeout=schedule.turn_timeout,
+        idle=idle,
+        what=what,
+        logs=logs,
+        arrived=arrived,
+        wheres=wheres,
     )

@@ -1,17 +1,50 @@
-"""Errors raised by a serialized restore."""
+"""Errors raised by a serialized restore: what failed on a rank (:class:`RankFailure`, shipped through the store as
+JSON) and the one error every rank raises (:class:`CheckpointRestoreError`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import traceback
-import zipfile
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any
 
-# a rank of this kind will not take part in the rest of the restore: others stop waiting for it
-GONE_KINDS = ("died", "unresponsive", "timeout", "store lost")
+from serialized_restore._checkpoint_file import explain_failure
+
+
+class FailureKind(str, Enum):
+    """What happened to a failing rank (a ``str``, so that records stay plain JSON and compare with their text)."""
+
+    EXCEPTION = "exception"
+    """It raised during its turn; reported by itself."""
+    DIED = "died"
+    """Its process exited; reported by a rank on its machine."""
+    UNRESPONSIVE = "unresponsive"
+    """No heartbeat for the heartbeat timeout."""
+    TIMEOUT = "timeout"
+    """Its turn, or the wait for it, took longer than the turn timeout."""
+    STORE_LOST = "store lost"
+    """The process hosting the process group's store is gone."""
+    MALFORMED = "malformed report"
+    """A record in the store that could not be read (``global_rank`` is then -1)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def gone(self) -> bool:
+        """A rank of this kind takes no further part in the restore: the others stop waiting for it."""
+        return self in (FailureKind.DIED, FailureKind.UNRESPONSIVE, FailureKind.TIMEOUT, FailureKind.STORE_LOST)
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<name>.+)$', re.MULTILINE)
+_WHERE_FRAMES = 3
+_MACHINERY = (f"{os.sep}serialized_restore{os.sep}_turns.py", f"{os.sep}contextlib.py")
+"""Files of the turn itself, which every failure's traceback runs through: left out of where it was raised (by name,
+so that every rank leaves out the same frames wherever the failing rank's files are)."""
 
 
 @dataclass(frozen=True)
@@ -28,11 +61,8 @@ class RankFailure:
     node_rank: int | None
     local_rank: int | None
     stage: str
-    kind: str
-    """``"exception"`` (raised on the failing rank), ``"died"`` (its process exited), ``"unresponsive"`` (no
-    heartbeat), ``"timeout"`` (its turn, or the wait for it, took longer than the turn timeout) or ``"store lost"``
-    (the process hosting the process group's store is gone); ``"malformed report"`` for a record in the store that
-    could not be read (``global_rank`` is then -1)."""
+    kind: FailureKind
+    """What happened (:class:`FailureKind`; its text is accepted too)."""
     message: str
     traceback: str = ""
     reported_by: int | None = None
@@ -41,8 +71,12 @@ class RankFailure:
     """For ``kind="exception"``: the exception's class and its bases as ``"module:qualname"``, most derived first, so
     that every rank can raise an error of the same type (:func:`restore_error`)."""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", FailureKind(self.kind))
+
     def describe(self) -> str:
-        """The failure as one item of :class:`CheckpointRestoreError`'s message."""
+        """The failure as one item of :class:`CheckpointRestoreError`'s message: one line on where it was raised, not
+        its whole traceback, which the failing rank itself prints and :attr:`traceback` keeps."""
         where = f"rank {self.global_rank}" if self.global_rank >= 0 else "an unknown rank"
         if self.node_rank is not None and self.local_rank is not None:
             where += f" (node {self.node_rank}, local rank {self.local_rank})"
@@ -50,9 +84,10 @@ class RankFailure:
         if self.reported_by is not None and self.reported_by != self.global_rank:
             seen_by = f", reported by rank {self.reported_by}"
         text = f"{where}, stage {self.stage!r}{seen_by}: {self.message}"
-        if self.traceback:
-            indented = "\n".join("    " + line for line in self.traceback.rstrip().splitlines())
-            text += f"\n  Traceback on {where}:\n{indented}"
+        frames = [f for f in _FRAME.findall(self.traceback) if not f[0].endswith(_MACHINERY)][-_WHERE_FRAMES:]
+        if frames:
+            calls = " < ".join(f"`{name}` ({file}, line {line})" for file, line, name in reversed(frames))
+            text += f"\n  Raised on rank {self.global_rank} in {calls}."
         return text
 
     def to_json(self) -> str:
@@ -84,20 +119,13 @@ class RankFailure:
             elif not (isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)):
                 if not (value is None and name in _OPTIONAL):
                     raise ValueError(f"{name!r} is {type(value).__name__}, not {expected.__name__}")
+        if data["kind"] not in {k.value for k in FailureKind}:
+            raise ValueError(f"unknown kind {data['kind']!r}")
         return cls(**data)
 
 
-_FIELDS: dict[str, type] = {
-    "global_rank": int,
-    "node_rank": int,
-    "local_rank": int,
-    "stage": str,
-    "kind": str,
-    "message": str,
-    "traceback": str,
-    "reported_by": int,
-    "error_types": list,
-}
+_FIELDS: dict[str, type] = dict(global_rank=int, node_rank=int, local_rank=int, stage=str, kind=str, message=str)
+_FIELDS.update(traceback=str, reported_by=int, error_types=list)
 _REQUIRED = ("global_rank", "stage", "kind", "message")
 _OPTIONAL = ("node_rank", "local_rank", "reported_by")
 
@@ -162,7 +190,7 @@ def restore_error(
     merged = _merge(failures)
     bases: list[type[BaseException]] = []
     for failure in merged:
-        if failure.kind != "exception":
+        if failure.kind != FailureKind.EXCEPTION:
             continue
         if own is not None and failure.global_rank == observed_on and failure.reported_by is None:
             cls: type[BaseException] | None = type(own)
@@ -256,7 +284,7 @@ def malformed_report(stage: str, record: str, problem: BaseException) -> RankFai
         node_rank=None,
         local_rank=None,
         stage=stage,
-        kind="malformed report",
+        kind=FailureKind.MALFORMED,
         message=(
             f"a failure record in the job's store could not be read ({problem}): {shown!r}. Another rank reported a"
             " failure, but its record was damaged or was not written by serialized_restore (any process that can"
@@ -265,98 +293,41 @@ def malformed_report(stage: str, record: str, problem: BaseException) -> RankFai
     )
 
 
-# small archive members worth a checksum test when a load failed: the pickle and torch's format records
-_CHECKED_MEMBERS = ("data.pkl", ".format_version", "version", "byteorder", ".storage_alignment")
-_CHECKED_MEMBER_BYTES = 64 * 2**20
+def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFailure:
+    """The loss of the store itself, when nothing read from it before explains the end."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    host = "the launcher's agent (torchrun)" if agent else "global rank 0"
+    cause = err.__cause__ or err
+    first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    return RankFailure(
+        global_rank=observer if agent else 0,
+        node_rank=None if agent else 0,
+        local_rank=None if agent else 0,
+        stage=stage,
+        kind=FailureKind.STORE_LOST,
+        message=(
+            f"lost contact with the process group's store, which is hosted by {host}: that process probably"
+            f" exited, was killed (for example by the out-of-memory killer) or crashed"
+            f" ({type(cause).__name__}: {first_line})."
+        ),
+        reported_by=observer,
+    )
 
 
 def failure_from_exception(rank: Any, stage: str, err: BaseException, checkpoint_path: str) -> RankFailure:
     """The :class:`RankFailure` of an exception raised on this rank (``rank``: anything with ``global_rank``,
-    ``node_rank`` and ``local_rank``), its message led by what the file most likely is when that can be told."""
+    ``node_rank`` and ``local_rank``), its message led by what is wrong with the file when that can be told."""
     message = f"{type(err).__name__}: {err}"
     explanation = explain_failure(checkpoint_path, err)
     if explanation is not None:
-        # what the file is first: the low-level message can be long, and for a damaged file misleading
         message = f"{explanation}\n  {message}"
     return RankFailure(
         global_rank=rank.global_rank,
         node_rank=rank.node_rank,
         local_rank=rank.local_rank,
         stage=stage,
-        kind="exception",
+        kind=FailureKind.EXCEPTION,
         message=message,
         traceback="".join(traceback.format_exception(type(err), err, err.__traceback__)),
         error_types=_type_names(type(err)),
     )
-
-
-def explain_failure(checkpoint_path: str, err: BaseException) -> str | None:
-    """What a failed load most likely means, in words, when a cheap look at the file or the exception tells.
-
-    (the rank whose turn failed, once) Reads at most the file's first bytes, the end of its zip archive and the
-    archive's small records, never the tensors. ``None`` when the file looks like a sound checkpoint, so that the
-    original message stands alone (a ``strict`` mismatch, an exception in a hook, a refused pickle).
-    """
-    problem = _file_problem(checkpoint_path)
-    if problem is not None:
-        if "weights_only" in str(err):
-            problem += (
-                " Loading it with `weights_only=False`, as the message from torch below suggests, would not help:"
-                " the file itself is damaged or not a checkpoint."
-            )
-        return problem
-    if isinstance(err, KeyError) and err.args in (("pytorch-lightning_version",), ("state_dict",)):
-        return (
-            f"{checkpoint_path!r} is not a Lightning checkpoint (it has no {err.args[0]!r} key): it looks like a"
-            " bare `state_dict` saved with `torch.save(model.state_dict(), path)`. Load it into the model with"
-            " `model.load_state_dict(torch.load(path))` before calling the Trainer, instead of passing it as"
-            " `ckpt_path`."
-        )
-    return None
-
-
-def _file_problem(path: str) -> str | None:
-    if "://" in path and not path.startswith("file://"):
-        return None  # remote: a look would cost a read
-    local = path[len("file://") :] if path.startswith("file://") else path
-    if not os.path.lexists(local):
-        where = "" if os.path.isabs(local) else f" (relative to the working directory {os.getcwd()!r})"
-        return f"{path!r} does not exist{where}."
-    if os.path.isdir(local):
-        files = sorted(name for name in os.listdir(local) if name.endswith(".ckpt"))[:3]
-        inside = f" It contains {', '.join(map(repr, files))}." if files else ""
-        return f"{path!r} is a directory, not a checkpoint file: pass the path of a checkpoint file.{inside}"
-    try:
-        size = os.path.getsize(local)
-        with open(local, "rb") as f:
-            head = f.read(16)
-    except OSError as err:
-        return f"{path!r} cannot be read: {err}."
-    if size == 0:
-        return f"{path!r} is empty (0 bytes): the save that wrote it was probably interrupted, or the disk was full."
-    if head.startswith(b"PK\x03\x04"):
-        if not zipfile.is_zipfile(local):
-            return (
-                f"{path!r} is truncated or damaged: it starts as a PyTorch checkpoint (a zip archive) but the end of"
-                f" the archive is missing ({size} bytes). The save or the copy that wrote it was probably cut short."
-            )
-        return _archive_problem(path, local)
-    if head.startswith(b"\x80"):
-        return None  # a pickle: torch's legacy (pre-1.6) format, which torch.load reads
-    return (
-        f"{path!r} is not a PyTorch checkpoint: it is neither a zip archive nor a pickle (it starts with"
-        f" {head[:12]!r})."
-    )
-
-
-def _archive_problem(path: str, local: str) -> str | None:
-    try:
-        with zipfile.ZipFile(local) as archive:
-            for info in archive.infolist():
-                if info.filename.endswith(_CHECKED_MEMBERS) and info.file_size <= _CHECKED_MEMBER_BYTES:
-                    with archive.open(info) as member:
-                        while member.read(2**20):
-                            pass
-    except (zipfile.BadZipFile, OSError, EOFError) as err:
-        return f"{path!r} is corrupted: {err}."
-    return None

@@ -25,14 +25,14 @@ class TurnOrder:
 @dataclass
 class NodeLog:
     """A node's turn events of one stage, as appended to its ``log`` key: ``start <local> <unix time>`` and
-    ``end <local> <duration> [<bytes moved> <private memory>]`` lines. Lines that are not ours are ignored."""
+    ``end <local> <duration> [<mapped> <read eagerly> <copied> <private memory> <added by the turn>]`` lines (bytes).
+    Lines that are not ours are ignored."""
 
     started: dict[int, float] = field(default_factory=dict)
     durations: dict[int, float] = field(default_factory=dict)
-    moved: dict[int, int] = field(default_factory=dict)
-    """Bytes each local rank read or copied in its turn."""
-    private: dict[int, int] = field(default_factory=dict)
-    """Each local rank's private memory at the end of its turn, in bytes."""
+    ends: dict[int, tuple[int, int, int, int, int]] = field(default_factory=dict)
+    """What each local rank's turn did: bytes of the file mapped, read eagerly, copied out of the mapping; the
+    process's private memory at the end of the turn and how much of it the turn added."""
     events: int = 0
 
     @staticmethod
@@ -40,8 +40,9 @@ class NodeLog:
         return f"start {local} {at:.6f}\n"
 
     @staticmethod
-    def end_line(local: int, duration: float, moved: int = 0, private: int = 0) -> str:
-        return f"end {local} {duration:.6f} {int(moved)} {int(private)}\n"
+    def end_line(local: int, duration: float, *figures: int) -> str:
+        shown = " ".join(str(int(x)) for x in figures) if len(figures) == 5 else ""
+        return f"end {local} {duration:.6f} {shown}".rstrip() + "\n"
 
     @classmethod
     def parse(cls, text: str | None) -> NodeLog:
@@ -49,17 +50,17 @@ class NodeLog:
         for line in (text or "").splitlines():
             parts = line.split()
             kind = parts[0] if parts else ""
-            if not ((kind == "start" and len(parts) == 3) or (kind == "end" and len(parts) in (3, 5))):
+            if not ((kind == "start" and len(parts) == 3) or (kind == "end" and len(parts) in (3, 8))):
                 continue
             try:
                 local, value = int(parts[1]), float(parts[2])
-                extra = [int(x) for x in parts[3:]]
+                extra = tuple(int(x) for x in parts[3:])
             except ValueError:
                 continue
             log.events += 1
-            (log.started if parts[0] == "start" else log.durations)[local] = value
-            if extra:
-                log.moved[local], log.private[local] = extra
+            (log.started if kind == "start" else log.durations)[local] = value
+            if len(extra) == 5:
+                log.ends[local] = extra  # type: ignore[assignment]
         return log
 
     def ended(self, local: int) -> bool:

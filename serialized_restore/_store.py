@@ -1,27 +1,23 @@
-"""The schedule's store: its key names, its two connections, and the translation of a lost store.
+"""The schedule's store: its connections, its key names, and the failure records a stage's ranks post and read.
 
-A schedule talks to the job's ``TCPStore`` (the default process group's store) through two connections:
-
-* the *main* connection, a ``clone()`` of the job's store, on which the rank's main thread blocks in ``get`` until a
-  wake-up key is set. A blocking operation holds its connection: another operation on the same client waits behind
-  it, so nothing else uses this one.
-* the *monitor* connection, the job's store itself, for the short, never-blocking operations of the rank's monitor
-  thread (``_liveness.Monitor``).
-
-A blocking ``get`` that times out logs a c10d warning on stderr that Python cannot filter, so no wait here relies on a
-timeout to end: every wait ends when a key is set, by another rank or by the rank's own monitor (see
-``_liveness.Monitor``). The connection's timeout is only a backstop.
-
-Every error from the store becomes :class:`StoreLost`, except a backstop timeout (:class:`StoreTimeout`).
+A rank talks to the job's ``TCPStore`` (the default process group's store) through two connections: the *main* one, a
+``clone()`` on which the rank's main thread blocks in ``get`` until a key is set (a blocking operation holds its
+connection, so nothing else uses it), and the *side* one, the job's store itself, for the short operations of the
+rank's watch thread (``_liveness``). A blocking ``get`` that times out writes a c10d warning to stderr that Python
+cannot filter, so no wait relies on its timeout: every wait ends when a key is set, and the connection's timeout is
+only a backstop. Every error from the store becomes :class:`StoreLost`, a backstop timeout :class:`StoreTimeout`.
 """
 
 from __future__ import annotations
 
 import datetime
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
+
+from serialized_restore._errors import RankFailure, malformed_report
 
 
 class StoreLost(Exception):
@@ -38,7 +34,7 @@ def _is_timeout(err: BaseException) -> bool:
 
 
 class StoreView:
-    """One connection to a restore's namespace in the store; every failure raises :class:`StoreLost`."""
+    """One connection to a schedule's namespace in the store; every failure raises :class:`StoreLost`."""
 
     def __init__(self, store: Any) -> None:
         self.raw = store
@@ -47,17 +43,12 @@ class StoreView:
         try:
             return getattr(self.raw, method)(*args)
         except Exception as err:  # DistNetworkError, DistStoreError, RuntimeError depending on torch version
-            if _is_timeout(err):
-                raise StoreTimeout(str(err)) from err
-            raise StoreLost(str(err)) from err
+            raise (StoreTimeout if _is_timeout(err) else StoreLost)(str(err)) from err
 
     def add(self, key: str, amount: int) -> int:
         return int(self._call("add", key, amount))
 
-    def check(self, key: str) -> bool:
-        return bool(self._call("check", [key]))
-
-    def check_all(self, keys: list[str]) -> bool:
+    def check(self, keys: list[str]) -> bool:
         """Whether every one of ``keys`` is set."""
         return bool(self._call("check", keys))
 
@@ -70,7 +61,7 @@ class StoreView:
 
     def get_if_set(self, key: str) -> str | None:
         """The value of ``key``, or ``None`` if it is not set; never blocks."""
-        return self.get(key) if self.check(key) else None
+        return self.get(key) if self.check([key]) else None
 
     def compare_set(self, key: str, expected: str, desired: str) -> str:
         """Set ``key`` to ``desired`` if its value is ``expected`` (``""``: unset); the value it has afterwards."""
@@ -93,7 +84,7 @@ def _text(value: Any) -> str:
 
 
 def open_namespace(job_store: Any, global_rank: int, backstop: float) -> tuple[StoreView, StoreView]:
-    """(all ranks, once per schedule) This schedule's own key namespace: ``(main, monitor)`` connections.
+    """(all ranks, once per schedule) This schedule's own key namespace: ``(main, side)`` connections.
 
     Every rank counts its own schedules, so the n-th schedule of each rank meets the n-th schedule of every other rank
     even when several Trainers share one process group.
@@ -107,10 +98,11 @@ def open_namespace(job_store: Any, global_rank: int, backstop: float) -> tuple[S
         connection = _second_connection(job_store)
         connection.set_timeout(datetime.timedelta(seconds=backstop))
     except Exception as err:
-        if _is_connection_error(err):
+        network_error = getattr(dist, "DistNetworkError", None)
+        if network_error is not None and isinstance(err, network_error):
             raise StoreLost(str(err)) from err
-        # a store without clone(): the monitor's operations then wait behind the main thread's blocking ones, which
-        # delays wake-ups set by this rank's own monitor but loses none
+        # a store without clone(): the watch's operations then wait behind the main thread's blocking ones, which
+        # delays wake-ups set by this rank's own watch but loses none
         connection = job_store
     return StoreView(dist.PrefixStore(prefix, connection)), StoreView(dist.PrefixStore(prefix, job_store))
 
@@ -121,9 +113,8 @@ _CONNECTIONS_LOCK = threading.Lock()
 
 
 def _second_connection(job_store: Any) -> Any:
-    """(each process, first schedule) A second connection to the job's store, opened once per process and store and
-    reused by every later schedule: a new connection costs a round of the store server's accept (which may resolve
-    the peer's name), and schedules follow one another, never overlap, in a process."""
+    """The clone of the job's store, opened once per process and store: a new connection costs a round of the store
+    server's accept (which may resolve the peer's name), and a process's schedules follow one another."""
     with _CONNECTIONS_LOCK:
         cached = _CONNECTIONS.get(id(job_store))
         if cached is not None and cached[0] is job_store:
@@ -133,21 +124,13 @@ def _second_connection(job_store: Any) -> Any:
         return connection
 
 
-def _is_connection_error(err: BaseException) -> bool:
-    network_error = getattr(dist, "DistNetworkError", None)
-    return network_error is not None and isinstance(err, network_error)
+def identity_key(node: int, local: int) -> str:
+    """Who a rank is (``_liveness.Identity``), set once per schedule."""
+    return f"identity/{node}/{local}"
 
 
-class ScheduleKeys:
-    """Keys of one schedule that outlive its stages: who each rank is, and its heartbeat."""
-
-    @staticmethod
-    def identity(node: int, local: int) -> str:
-        return f"identity/{node}/{local}"
-
-    @staticmethod
-    def heartbeat(node: int, local: int) -> str:
-        return f"heartbeat/{node}/{local}"
+def heartbeat_key(node: int, local: int) -> str:
+    return f"heartbeat/{node}/{local}"
 
 
 class StageKeys:
@@ -159,18 +142,11 @@ class StageKeys:
 
     def __init__(self, stage: str) -> None:
         self.stage = stage
-        self._p = stage.replace(" ", "_") + "/"
-        p = self._p
-        self.reports = p + "reports"
-        self.failures = p + "failures"
-        self.closed = p + "closed"
-        self.finished = p + "finished"
-        self.acked = p + "acked"
-        self.reads = p + "reads"
-        self.all_acked = p + "all_acked"
-        self.all_read = p + "all_read"
-        self.coordinator = p + "coordinator"
-        self.diagnosis = p + "diagnosis"
+        self._p = p = stage.replace(" ", "_") + "/"
+        self.reports, self.failures, self.closed = p + "reports", p + "failures", p + "closed"
+        self.finished, self.acked, self.reads = p + "finished", p + "acked", p + "reads"
+        self.all_acked, self.all_read = p + "all_acked", p + "all_read"
+        self.coordinator, self.diagnosis = p + "coordinator", p + "diagnosis"
 
     def wake(self, node: int, local: int) -> str:
         """Set by the rank's predecessor when its turn ends, and by a rank posting a failure."""
@@ -183,11 +159,40 @@ class StageKeys:
     def where(self, node: int, local: int) -> str:
         return f"{self._p}where/{node}/{local}"
 
-    # series: auto
     def decision(self, node: int) -> str:
         return f"{self._p}decision/{node}"
 
-    # series: end
 
-    def all_wake_keys(self, nodes: int, local_world_size: int) -> list[str]:
-        return [self.wake(n, r) for n in range(nodes) for r in range(local_world_size)]
+@dataclass(frozen=True)
+class StageStore:
+    """One stage of one rank in the store: its keys, the rank's two connections and every rank's wake-up key. The
+    turn (main thread, ``main``) and the watch (its own thread, ``side``) share it."""
+
+    keys: StageKeys
+    main: StoreView
+    side: StoreView
+    wake_keys: list[str]
+
+    def post(self, failures: list[RankFailure], view: StoreView) -> str:
+        """(any rank, any thread) Post ``failures`` and close the stage as failed; the stage's fate afterwards:
+        ``"failed"``, or ``"ended"`` if every rank had ended the stage before (the failures then change nothing)."""
+        keys = self.keys
+        view.append(keys.reports, "".join(f.to_json() + "\n" for f in failures))
+        view.add(keys.failures, 1)
+        fate = view.compare_set(keys.closed, "", "failed")
+        if fate != "ended":
+            # every poster wakes everyone: a poster that died between its close and this line would leave waiters
+            view.multi_set(self.wake_keys, ["failed"] * len(self.wake_keys))
+        return fate
+
+    def reports(self, view: StoreView) -> list[RankFailure]:
+        """The stage's failure records, each checked field by field; a record that is not one of ours becomes a
+        failure that says so (any process that can reach the store can write to it)."""
+        failures = []
+        for line in (view.get_if_set(self.keys.reports) or "").splitlines():
+            if line.strip():
+                try:
+                    failures.append(RankFailure.from_json(line))
+                except ValueError as err:
+                    failures.append(malformed_report(self.keys.stage, line, err))
+        return failures

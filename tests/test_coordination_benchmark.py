@@ -1,4 +1,5 @@
-"""The coordination benchmark's quick mode runs to completion and produces sane, non-empty results.
+"""The coordination benchmark's quick mode runs to completion and produces sane, non-empty results, and the host
+that runs its simulated ranks' watches on one thread per process (``benchmarks/_watch_host.py``) keeps its contract.
 
 Nothing here is timed and no goal is asserted: the figures depend on the machine and are reported by the benchmark
 itself (docs/benchmarks.md, "Coordination at scale").
@@ -10,11 +11,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from benchmarks import coordination_benchmark as bench
+from benchmarks._watch_host import SharedThread
+from tests.helpers.watches import Ticking
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,3 +90,68 @@ def test_the_docs_section_is_replaced_and_the_rest_kept_byte_for_byte(tmp_path: 
     page.write_text(bench.SECTION + "\n\nold\n\n## After\n\nkept\n")
     bench.write_section(page, bench.SECTION + "\n\nnew\n")
     assert page.read_text() == bench.SECTION + "\n\nnew\n\n## After\n\nkept\n"
+
+
+def test_the_shared_host_runs_every_watch_on_one_thread_at_its_own_tick():
+    """The simulator's ``SharedThread`` steps the watches of many ranks on one thread, each at its own rate; one
+    whose step asks to stop is no longer run; a stopped one is not stepped again, and stopping waits for a step in
+    progress."""
+    host = SharedThread()
+    fast, slow, once = Ticking(0.01), Ticking(0.1), Ticking(0.01, steps_before_stop=1)
+    for watch in (fast, slow, once):
+        host.start(watch)
+    deadline = time.monotonic() + 10.0  # a loaded machine may hold the thread back; the rates are what counts
+    while not (slow.steps >= 3 and fast.steps > 2 * slow.steps) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert slow.steps >= 3 and fast.steps > 2 * slow.steps, (fast.steps, slow.steps)
+    assert once.steps == 1 and not host.runs(once)
+    assert len(fast.threads | slow.threads) == 1 and threading.get_ident() not in fast.threads
+    long = Ticking(0.01, step_seconds=0.3)
+    host.start(long)
+    deadline = time.monotonic() + 2.0
+    while not long.running and time.monotonic() < deadline:
+        time.sleep(0.001)
+    host.stop(long, timeout=2.0)
+    assert not long.running and long.steps == 1  # stopping waited for the step in progress to end
+    for watch in (fast, slow):
+        host.stop(watch)
+    counts = (fast.steps, slow.steps, long.steps)
+    time.sleep(0.2)
+    assert (fast.steps, slow.steps, long.steps) == counts
+
+
+def test_a_shared_host_stuck_in_one_step_counts_as_not_running():
+    """A step that does not end (a store operation that never answers) makes every watch of the shared thread count
+    as not running once ``stuck_after`` has passed, so that their waits end at the backstop; it runs again after."""
+    host = SharedThread()
+    host.stuck_after = 0.5
+    stuck, other = Ticking(0.01, step_seconds=2.0), Ticking(0.01)
+    host.start(stuck)
+    host.start(other)
+    deadline = time.monotonic() + 5.0
+    while not stuck.running and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert stuck.running and host.runs(other)
+    time.sleep(0.8)
+    assert stuck.running and not host.runs(other) and not host.runs(stuck)
+    host.stop(stuck, timeout=2.0)
+    deadline = time.monotonic() + 5.0
+    while not host.runs(other) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert host.runs(other)
+    host.stop(other)
+
+
+def test_the_shared_host_looks_each_pid_up_once_per_window():
+    """``process_alive`` answers from one look-up per pid for the window, then looks again: a process that exited
+    meanwhile is seen gone after the window, not before."""
+    host = SharedThread(alive_within=0.3)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert host.process_alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert host.process_alive(child.pid)  # the cached answer, within the window
+    time.sleep(0.35)
+    assert not host.process_alive(child.pid)

@@ -29,8 +29,7 @@ import pytest
 import torch.distributed as dist
 
 from serialized_restore import CheckpointRestoreError
-from serialized_restore._turns import RankPlacement, TurnSchedule
-from tests.helpers.store import connect
+from tests.helpers.store import connect, one_node_schedule
 
 CKPT = "/checkpoints/epoch=3.ckpt"
 STAGE = "restore modules and callbacks"
@@ -55,14 +54,7 @@ def _rank_main(rank: int, out: str) -> None:
     outcome: dict[str, Any] = {}
     try:
         store = connect(rank, WORLD, out_dir)
-        schedule = TurnSchedule(
-            store=store,
-            placement=RankPlacement(rank, WORLD, 0, rank, WORLD),
-            max_concurrent=1,
-            checkpoint_path=CKPT,
-            turn_timeout=30.0,
-            heartbeat_timeout=30.0,
-        )
+        schedule = one_node_schedule(store, rank, WORLD, CKPT)
         with schedule.turn(STAGE):
             time.sleep(1.0)
         outcome["ok"] = True

@@ -8,6 +8,7 @@ purpose first writes ``fault.json`` with the time it did so.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import pickle
@@ -155,6 +156,7 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
             checkpoint_path=CKPT,
             turn_timeout=scenario.get("turn_timeout", 30.0),
             heartbeat_timeout=scenario.get("heartbeat_timeout", 30.0),
+            logger=_ListLogger(outcome.setdefault("log", [])),
         )
         action = scenario.get("actions", {}).get(str(rank))
         if action == "absent":
@@ -169,8 +171,10 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
 
             outcome["decision"] = json.loads(schedule.decide_per_node("plan restore", _decision))
         for stage in STAGES[: scenario.get("stages", 1)]:
-            with schedule.turn(stage):
+            with schedule.turn(stage) as record:
                 outcome["events"].append((stage, time.time(), None))
+                if "mapped" in scenario:
+                    record.reader, record.bytes_read, record.bytes_copied = "mmap", scenario["mapped"], rank + 1
                 if action is not None and stage == STAGES[0]:
                     _misbehave(action, rank, out_dir)
                 time.sleep(scenario.get("body", 0.0))
@@ -182,6 +186,8 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
             failed_ranks=err.failed_ranks,
             kinds=[f.kind for f in err.failures],
             cause=repr(err.__cause__),
+            context=repr(err.__context__),
+            printed="".join(traceback.format_exception(type(err), err, err.__traceback__)),
             pickled=str(pickle.loads(pickle.dumps(err))) == str(err),
         )
     except KeyboardInterrupt as err:
@@ -201,6 +207,17 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
         while time.monotonic() < deadline and not all((out_dir / f"rank{r}.json").exists() for r in others):
             time.sleep(0.05)
     os._exit(0)
+
+
+class _ListLogger(logging.Logger):
+    """A logger that keeps every message it is given in ``messages``."""
+
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__("serialized_restore.test", logging.INFO)
+        self.messages = messages
+
+    def handle(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 def _misbehave(action: str, rank: int, out_dir: Path) -> None:
@@ -315,8 +332,12 @@ def test_an_exception_in_one_turn_is_raised_on_every_rank(tmp_path, failing):
         error = outcome["error"]
         assert f"failed on rank(s) {failing} in stage 'restore modules and callbacks'" in error
         assert f"ValueError: bad state in turn of rank {failing}" in error
-        assert f"Traceback on rank {failing}" in error and "_misbehave" in error
-        assert outcome["cause"].startswith("ValueError") if rank == failing else outcome["cause"] == "None"
+        assert f"Raised on rank {failing} in `_misbehave` (" in error and "`turn`" not in error
+        # one traceback per rank: on the failing rank it runs down to where the body raised, whose exception is the
+        # error's (unprinted) context
+        assert outcome["printed"].count("Traceback") == 1 and outcome["cause"] == "None"
+        assert ("in _misbehave\n" in outcome["printed"]) == (rank == failing)
+        assert outcome["context"].startswith("ValueError") if rank == failing else outcome["context"] == "None"
         assert outcome["ended"] - result["fault"]["at"] < 3.0
     # the ranks after the failing one never started their turn
     assert all(not result["ranks"][r]["events"] for r in range(failing + 1, 4))
@@ -533,3 +554,18 @@ def test_a_local_rank_zero_killed_before_its_decision_ends_every_wait(tmp_path):
         assert outcome["kinds"] == ["died"], (rank, outcome["kinds"])
         assert "plan restore" in outcome["error"], rank
         assert outcome["ended"] - result["fault"]["at"] < 5.0, (rank, outcome["ended"] - result["fault"]["at"])
+
+
+@pytest.mark.timeout(60)
+def test_the_node_summary_says_what_was_mapped_and_copied_and_whose_memory(tmp_path):
+    """Local rank 0's summary of a stage says how many ranks mapped the file and its size (shared pages, not
+    summed), what was copied out of the mapping in all, and that the private memory is a rank's whole process's,
+    with what its turn added; the other ranks log no summary."""
+    result = _run(tmp_path, 3, {"mapped": 1024 * 1024}, timeout=40)
+    summaries = {r: [m for m in o["log"] if "serialized restore: node" in m] for r, o in result["ranks"].items()}
+    assert summaries[1] == summaries[2] == [], summaries
+    (summary,) = summaries[0]
+    assert "ran 3 turns of 'restore modules and callbacks' (at most 1 at once)" in summary, summary
+    assert "3 rank(s) mapped the file (1.0 MiB, pages shared in the page cache)" in summary, summary
+    assert "copied 6 B out of the mapping" in summary and "moving" not in summary, summary
+    assert "a rank's process held at most " in summary and "of which its turn added at most " in summary, summary

@@ -137,6 +137,7 @@ def _write_outcome(trainer: RecordingTrainer, started: float, err: Optional[Base
             message=str(err),
             cause=repr(err.__cause__),
             cause_type=type(err.__cause__).__name__ if err.__cause__ is not None else None,
+            context_type=type(err.__context__).__name__ if err.__context__ is not None else None,
             traceback="".join(traceback.format_exception(type(err), err, err.__traceback__)),
             failed_ranks=err.failed_ranks if isinstance(err, CheckpointRestoreError) else None,
             kinds=[f.kind for f in err.failures] if isinstance(err, CheckpointRestoreError) else None,

@@ -148,7 +148,8 @@ def run_case(config: dict[str, Any], case: dict[str, Any], handler: _Records) ->
                 error = {
                     "mro": [f"{c.__module__}:{c.__qualname__}" for c in type(err).__mro__],
                     "message": str(err),
-                    "cause": type(err.__cause__).__name__ if err.__cause__ is not None else None,
+                    # the original exception chained to the error (its unprinted __context__ where it was raised)
+                    "cause": type(chained).__name__ if (chained := err.__cause__ or err.__context__) else None,
                     "traceback": traceback.format_exc(),
                 }
         record = {

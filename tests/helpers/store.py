@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from serialized_restore._turns import RankPlacement, TurnSchedule
+
 
 def connect(rank: int, world: int, out_dir: Path) -> dist.TCPStore:
     """Rank 0 hosts the store on a port the system picks and tells the others through ``out_dir/store.port``; any
@@ -23,3 +25,17 @@ def connect(rank: int, world: int, out_dir: Path) -> dist.TCPStore:
     while not port_file.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     return dist.TCPStore("127.0.0.1", int(port_file.read_text()), world, False, timeout=timeout)
+
+
+def one_node_schedule(store: dist.Store, rank: int, world: int, checkpoint_path: str) -> TurnSchedule:
+    """A ``TurnSchedule`` of rank ``rank`` of a one-node job of ``world`` ranks over ``store``: one turn at a time,
+    30 s timeouts."""
+    placement = RankPlacement(rank, world, 0, rank, world)
+    return TurnSchedule(
+        store=store,
+        placement=placement,
+        max_concurrent=1,
+        checkpoint_path=checkpoint_path,
+        turn_timeout=30.0,
+        heartbeat_timeout=30.0,
+    )

@@ -1,0 +1,69 @@
+"""``_diagnosis``: whom a stalled stage blames and why. Pure: the facts are given, no store."""
+
+from __future__ import annotations
+
+from serialized_restore._diagnosis import Where, timeout_failures
+from serialized_restore._options import TURN_TIMEOUT_SETTING
+from serialized_restore._order import NodeLog
+
+STAGE = "restore modules and callbacks"
+
+
+def _where(*frames: tuple[str, int, str, str]) -> Where:
+    return Where(list(frames))
+
+
+def test_timeout_names_the_rank_inside_its_turn_and_its_collective():
+    """A turn timeout blames the rank still inside its turn, with how long, the turn timeout setting, the
+    ``torch.distributed`` collective it is blocked in and the hook that called it, and says hooks must not run
+    collectives."""
+    log = NodeLog.parse(NodeLog.start_line(0, 1000.0))
+    where = _where(
+        ("train.py", 42, "on_load_checkpoint", "dist.broadcast(t, 0)"),
+        ("/x/torch/distributed/c10d_logger.py", 80, "wrapper", ""),
+        ("/x/torch/distributed/distributed_c10d.py", 2000, "broadcast", ""),
+    )
+    (failure,) = timeout_failures(
+        stage=STAGE,
+        observer=(1, 0, 1),
+        local_world_size=3,
+        turn_timeout=8.0,
+        idle=8.5,
+        what="the end of local rank 0's turn",
+        logs={0: log},
+        arrived={(0, 0): 0, (0, 1): 1, (0, 2): 2},
+        wheres={(0, 0): where},
+        now=1009.0,
+    )
+    assert (failure.global_rank, failure.kind, failure.reported_by) == (0, "timeout", 1)
+    assert failure.message.startswith("still inside its turn after 9.0s, and no turn on node 0")
+    assert f"{TURN_TIMEOUT_SETTING} (seconds, now 8)" in failure.message
+    assert "blocked in the collective `torch.distributed.broadcast`" in failure.message
+    assert "`on_load_checkpoint` (train.py, line 42)" in failure.message
+    assert "must not run collectives" in failure.message
+
+
+def test_timeout_names_ranks_that_never_arrived_else_the_observer():
+    """With no rank inside its turn, a turn timeout blames the ranks that have not reached the restore; when every
+    rank has, it blames the observer itself and says that no rank is inside its turn."""
+    log = NodeLog.parse(NodeLog.start_line(0, 1.0) + NodeLog.end_line(0, 1.0))
+    common = dict(stage=STAGE, observer=(0, 0, 0), local_world_size=2, turn_timeout=1.5, idle=2.0, what="x", now=5.0)
+    (absent,) = timeout_failures(logs={0: log}, arrived={(0, 0): 0}, wheres={}, **common)
+    assert absent.global_rank == 1 and "has not reached the restore" in absent.message
+    (nobody,) = timeout_failures(logs={0: log}, arrived={(0, 0): 0, (0, 1): 1}, wheres={}, **common)
+    assert nobody.global_rank == 0 and "no rank is inside its turn" in nobody.message
+
+
+def test_where_finds_the_collective_and_its_caller_and_survives_json():
+    """``Where`` names the public ``torch.distributed`` function a thread is blocked in (past decorators) and the
+    frame that called it; a thread outside ``torch.distributed`` has none; it round-trips through JSON."""
+    where = Where(
+        [
+            ("train.py", 42, "on_load_checkpoint", "dist.barrier()"),
+            ("/x/torch/distributed/c10d_logger.py", 80, "wrapper", ""),
+            ("/x/torch/distributed/distributed_c10d.py", 4000, "barrier", ""),
+        ]
+    )
+    assert where.collective == "barrier" and where.caller == "`on_load_checkpoint` (train.py, line 42)"
+    assert Where.from_json(where.to_json()) == where
+    assert Where([("train.py", 1, "f", "")]).collective is None

@@ -1,0 +1,107 @@
+"""``_errors``: the failure records ranks exchange and the one error every rank raises. No processes."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import traceback
+
+import pytest
+
+from serialized_restore import CheckpointRestoreError, RankFailure
+from serialized_restore._errors import FailureKind, failure_from_exception, restore_error, store_lost_failure
+from serialized_restore._turns import RankPlacement
+
+CKPT = "/checkpoints/epoch=3.ckpt"
+STAGE = "restore modules and callbacks"
+
+
+def test_kinds_are_their_text_and_say_which_ranks_are_gone():
+    """A failure kind compares, prints and serializes as its text (records stay plain JSON), text is accepted where
+    a kind is expected, and the kinds whose rank takes no further part are exactly died, unresponsive, timeout and
+    store lost."""
+    failure = RankFailure(1, 0, 1, STAGE, "died", "its process exited", reported_by=0)
+    assert failure.kind is FailureKind.DIED and failure.kind == "died" and str(failure.kind) == "died"
+    assert json.loads(failure.to_json())["kind"] == "died"
+    assert {k.value for k in FailureKind if k.gone} == {"died", "unresponsive", "timeout", "store lost"}
+    with pytest.raises(ValueError):
+        RankFailure(1, 0, 1, STAGE, "exploded", "?")
+
+
+def test_records_round_trip_and_anything_else_is_refused_by_name():
+    """``from_json`` gives back what ``to_json`` wrote and refuses, with the reason, anything that is not such a
+    record: not JSON, not an object, unknown or missing fields, a wrong type, an unknown kind."""
+    own = RankFailure(1, 0, 1, STAGE, "exception", "OSError: disk", traceback="...", error_types=("builtins:OSError",))
+    assert RankFailure.from_json(own.to_json()) == own
+    bad = {
+        "{not json": "not JSON",
+        "[1, 2]": "not an object",
+        '{"global_rank": 1}': "missing fields",
+        '{"global_rank": "1", "stage": "s", "kind": "died", "message": "m"}': "'global_rank' is str",
+        '{"global_rank": 1, "stage": "s", "kind": "exploded", "message": "m"}': "unknown kind",
+    }
+    for text, reason in bad.items():
+        with pytest.raises(ValueError, match=reason):
+            RankFailure.from_json(text)
+
+
+def test_error_merges_duplicate_reports_and_survives_pickling():
+    """Several ranks reporting the same dead rank give one entry; the error pickles with its failures and its type."""
+    died = [RankFailure(2, 0, 2, STAGE, "died", "its process exited", reported_by=r) for r in (1, 0, 3)]
+    own = RankFailure(
+        1, 0, 1, STAGE, "exception", "OSError: disk", traceback="Traceback ...", error_types=("builtins:OSError",)
+    )
+    err = restore_error(CKPT, [*died, own], observed_on=0)
+    assert isinstance(err, CheckpointRestoreError) and isinstance(err, OSError)
+    assert err.failed_ranks == [1, 2] and err.stage == STAGE
+    assert [f.reported_by for f in err.failures] == [None, 0]
+    assert ", reported by rank 0: its process exited" in str(err)
+    clone = pickle.loads(pickle.dumps(err))
+    assert type(clone) is type(err) and str(clone) == str(err) and clone.failures == err.failures
+
+
+def test_the_error_type_keeps_every_original_type_it_can_name():
+    """The error derives from the original types of every rank that raised, in rank order, as far as this process
+    can name them; with no exception among the failures it is a ``RuntimeError``."""
+    key = RankFailure(0, 0, 0, STAGE, "exception", "KeyError: 'x'", error_types=("builtins:KeyError",))
+    unknown = RankFailure(1, 0, 1, STAGE, "exception", "E", error_types=("not_imported_anywhere:Error",))
+    value = RankFailure(2, 0, 2, STAGE, "exception", "ValueError: y", error_types=("builtins:ValueError",))
+    err = restore_error(CKPT, [value, unknown, key], observed_on=1)
+    assert type(err).__name__ == "CheckpointRestoreError[KeyError, ValueError]"
+    assert isinstance(err, KeyError) and isinstance(err, ValueError)
+    died = restore_error(CKPT, [RankFailure(1, 0, 1, STAGE, "died", "gone", reported_by=0)], observed_on=0)
+    assert isinstance(died, RuntimeError) and str(died).startswith(f"Serialized restore of checkpoint {CKPT!r}")
+
+
+def _raise_in_a_hook() -> None:
+    raise ValueError("bad state")
+
+
+def test_a_failure_names_where_it_was_raised_in_one_line_not_its_whole_traceback():
+    """A rank's exception becomes a record with its type, message and full traceback; the error's message says in
+    one line where it was raised (the innermost frames, innermost first) and holds no traceback of its own."""
+    try:
+        _raise_in_a_hook()
+    except ValueError as err:
+        failure = failure_from_exception(RankPlacement(3, 4, 0, 3, 4), STAGE, err, CKPT)
+    assert (failure.global_rank, failure.kind, failure.error_types) == (3, "exception", ("builtins:ValueError",))
+    assert failure.message.endswith("ValueError: bad state")
+    assert "Traceback (most recent call last)" in failure.traceback
+    text = str(restore_error(CKPT, [failure], observed_on=0))
+    assert "Traceback" not in text
+    (where,) = [line for line in text.splitlines() if line.startswith("  Raised on rank 3 in ")]
+    assert where.startswith("  Raised on rank 3 in `_raise_in_a_hook` (") and "`test_a_failure_names_where" in where
+    assert traceback.extract_stack()[-1].filename in where
+
+
+def test_store_lost_names_rank_zero_and_the_cause(monkeypatch):
+    """Without torchrun's agent store, a lost store blames global rank 0, which hosts it, as reported by the
+    observer, and quotes the type and first line of the error that revealed the loss; with it, the agent."""
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    failure = store_lost_failure(STAGE, 2, ConnectionResetError("Connection reset by peer\nmore"))
+    assert (failure.global_rank, failure.kind, failure.reported_by) == (0, "store lost", 2)
+    assert "hosted by global rank 0" in failure.message
+    assert "ConnectionResetError: Connection reset by peer)" in failure.message
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    agent = store_lost_failure(STAGE, 2, ConnectionResetError("reset"))
+    assert agent.global_rank == 2 and "the launcher's agent (torchrun)" in agent.message
