@@ -42,9 +42,7 @@ from serialized_restore._readers import LoadedCheckpoint, copy_kept_out_of_mappi
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
 from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
 
-# series: remote
 STAGE_FETCH = "fetch checkpoint"
-# series: end
 STAGE_MODULES = "restore modules and callbacks"
 STAGE_TRAINING_STATE = "restore training state"
 
@@ -57,10 +55,8 @@ class RestorePath(enum.Enum):
 
     TURNS = "turns"
     """Single device and the DDP family: both stages in per-node turns."""
-    # series: fsdp
     FSDP_FULL = "fsdp-full"
     """FSDP and a full checkpoint: every rank together, memory-mapped (``_fsdp.py``)."""
-    # series: end
     UPSTREAM = "upstream"
     """Anything else, or the option off: upstream's restore, untouched."""
 
@@ -71,11 +67,9 @@ class OptimizerSource(enum.Enum):
     IN_DICT = "in the dict"
     """Already in private memory in the cached dict (read eagerly and changed by a hook, or the strategy's own
     copy)."""
-    # series: mmap
     COPY_FROM_MAPPING = "copy from the mapping"
     """Views of the memory-mapped file: handed to the optimizers, and what they keep of it copied into private memory
     in the rank's stage-2 turn."""
-    # series: end
     READ_AGAIN = "read again"
     """Read eagerly and dropped after stage 1 (no hook changed it): read the file again in the stage-2 turn."""
 
@@ -95,10 +89,8 @@ class _Restore:
     fitting: bool
     schedule: TurnSchedule | None = None
     """Stage 1's schedule, taken by stage 2 (``TURNS`` only); ``None`` once stage 2 started or after a failure."""
-    # series: remote
     local_copy: NodeLocalCopy | None = None
     """The node's private copy of a remote checkpoint, removed once every rank ended stage 2."""
-    # series: end
     reading: bool = False
     """Inside stage 1's ``resume_start``: read with this restore's reader, not upstream's."""
     loaded: LoadedCheckpoint | None = None
@@ -114,10 +106,8 @@ class _Restore:
 
     def read_path(self) -> Any:
         """Where the rank reads: the path given, or the checked copy the restore made of it."""
-        # series: remote
         if self.local_copy is not None:
             return self.local_copy.checked_path()
-        # series: end
         return self.path
 
 
@@ -163,24 +153,15 @@ class _SerializedCheckpointConnectorMixin:
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
             return
         restore = self._restore = _Restore(checkpoint_path, how, weights_only, self._fitting())
-        # series: fsdp
         if how is RestorePath.FSDP_FULL:
             self._restore_fsdp_full(restore)
             return
-        # series: end
         # as upstream's resume_start does first, also on a rank whose turn never comes because another rank failed
         self._ckpt_path = checkpoint_path
         try:
-            # series: remote
             if is_remote(checkpoint_path):
                 self._fetch(restore)
-            # series: end
-            # series: auto
             schedule = self._make_schedule(checkpoint_path, self._decide_max_concurrent(restore))
-            # series: before auto
-            # assert self._options.max_concurrent is not None  # the option is on
-            # schedule = self._make_schedule(checkpoint_path, self._options.max_concurrent)
-            # series: end
             with schedule.turn(STAGE_MODULES) as record:
                 restore.reading = True
                 try:
@@ -195,7 +176,6 @@ class _SerializedCheckpointConnectorMixin:
             raise
         restore.schedule = schedule
 
-    # series: remote
     def _fetch(self, restore: _Restore) -> None:
         """(all ranks) Local rank 0 of each node downloads the remote checkpoint into a new private directory; every
         rank of the node takes its path from the store and checks it, in a second round, so that a refusal on any
@@ -210,14 +190,11 @@ class _SerializedCheckpointConnectorMixin:
         with schedule.turn(STAGE_CHECK):
             copy.adopt(decision)
 
-    # series: end
-
     def _abandon(self, restore: _Restore) -> None:
         """(each rank, after a failed stage) Free what the restore holds; resume_end won't run."""
         self._loaded_checkpoint = {}
         restore.failed = True
         restore.schedule = restore.loaded = restore.fingerprint = None
-        # series: remote
         self._remove_local_copy(restore)
 
     def _remove_local_copy(self, restore: _Restore) -> None:
@@ -225,9 +202,7 @@ class _SerializedCheckpointConnectorMixin:
         if copy is not None and self.trainer.local_rank == 0:
             copy.remove()
             atexit.unregister(copy.remove)
-        # series: end
 
-    # series: fsdp
     def _restore_fsdp_full(self, restore: _Restore) -> None:
         """(all ranks together) Stage 1 for FSDP and a full checkpoint: see ``_fsdp.py``; no turns (collectives).
 
@@ -247,7 +222,6 @@ class _SerializedCheckpointConnectorMixin:
         finally:
             restore.reading = False
 
-    # series: end
     def resume_start(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
         """Upstream's ``resume_start``, except inside a serialized restore's stage 1: then read the restore's way (for
         ``TURNS``, with ``_read`` in the rank's turn)."""
@@ -257,7 +231,6 @@ class _SerializedCheckpointConnectorMixin:
             return
         self._ckpt_path = checkpoint_path
         self._rank_zero_info(f"Restoring states from the checkpoint path at {checkpoint_path}")
-        # series: fsdp
         if restore.how is RestorePath.FSDP_FULL:
             strategy = self.trainer.strategy
             schedule = self._make_schedule(checkpoint_path, local_world_size(strategy))
@@ -265,23 +238,14 @@ class _SerializedCheckpointConnectorMixin:
             restore.loaded = LoadedCheckpoint({}, "mmap", 0)
             self._loaded_checkpoint = self._migrate(checkpoint, checkpoint_path)
             return
-        # series: end
-        # series: mmap
         restore.loaded = self._read(restore, self._options.reader)
-        # series: before mmap
-        # restore.loaded = self._read(restore)
-        # series: end
         self._loaded_checkpoint = restore.loaded.checkpoint
         restore.loaded.checkpoint = {}  # the dict lives in _loaded_checkpoint only
         if restore.fitting:
-            # series: mmap
             if restore.reader == "mmap":
                 restore.optimizer_source = OptimizerSource.COPY_FROM_MAPPING
             else:
                 restore.fingerprint = _Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
-            # series: before mmap
-            # restore.fingerprint = _Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
-            # series: end
 
     def _release_after_modules(self, restore: _Restore) -> None:
         """(one rank, end of its stage-1 turn) Drop what the second stage does not need."""
@@ -328,7 +292,6 @@ class _SerializedCheckpointConnectorMixin:
                 restore.optimizer_source is OptimizerSource.READ_AGAIN or not _load_in_place(self.trainer.optimizers)
             )
             with schedule.turn(STAGE_TRAINING_STATE, ordered=in_turns, logged=restore.fitting) as record:
-                # series: mmap
                 mapped = self._prepare_optimizer_states(restore, record)
                 try:
                     super().restore_training_state()  # type: ignore[misc]
@@ -336,20 +299,13 @@ class _SerializedCheckpointConnectorMixin:
                     # also when a later step failed: no optimizer keeps pages of the file (which may be deleted)
                     if mapped:
                         record.bytes_copied = copy_kept_out_of_mapping(self.trainer.optimizers, mapped)
-                # series: before mmap
-                # self._prepare_optimizer_states(restore, record)
-                # super().restore_training_state()  # type: ignore[misc]
-                # series: end
                 self._loaded_checkpoint = {}
         except BaseException:
             self._abandon(restore)
             raise
-        # series: remote
         # every rank of the job has ended the stage: nobody reads the local copy any more
         self._remove_local_copy(restore)
-        # series: end
 
-    # series: mmap
     def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> set[int]:
         """Give the cached dict its optimizer state: read it again where stage 1 dropped it (counted in ``record``);
         memory-mapped, return the storages of the file it hands the optimizers, whose tensors the optimizers keep are
@@ -366,45 +322,19 @@ class _SerializedCheckpointConnectorMixin:
             return storages_of(self._loaded_checkpoint["optimizer_states"])
         return set()
 
-    # series: before mmap
-    # def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> None:
-    #     """Give the cached dict its optimizer state: read it again where stage 1 dropped it (counted in ``record``).
-    #     It stays as stage 1 left it where a hook changed it."""
-    #     if not restore.fitting:
-    #         return
-    #     source, restore.optimizer_source = restore.optimizer_source, OptimizerSource.IN_DICT
-    #     if source is OptimizerSource.READ_AGAIN:
-    #         reread = self._read(restore)
-    #         self._loaded_checkpoint["optimizer_states"] = reread.checkpoint["optimizer_states"]
-    #         record.bytes_read, record.reader = reread.bytes_read, reread.reader
-    #
-    # series: end
-
     def resume_end(self) -> None:
-        # series: remote
         restore, self._restore = self._restore, None
         if restore is not None:
             self._remove_local_copy(restore)
-        # series: before remote
-        # self._restore = None
-        # series: end
         super().resume_end()  # type: ignore[misc]
 
     # ------------------------------------------------------------- helpers
 
-    # series: mmap
     def _read(self, restore: _Restore, reader: str) -> LoadedCheckpoint:
         """(one rank, inside its turn) Read and migrate the whole checkpoint with ``reader``."""
         strategy, source = self.trainer.strategy, restore.read_path()
         with flavour_of(self).import_("utilities.migration", "pl_legacy_patch")():
             loaded = read_checkpoint(strategy, source, restore.weights_only, reader, self._log)
-        # series: before mmap
-        # def _read(self, restore: _Restore) -> LoadedCheckpoint:
-        #     """(one rank, inside its turn) Read and migrate the whole checkpoint."""
-        #     strategy, source = self.trainer.strategy, restore.read_path()
-        #     with flavour_of(self).import_("utilities.migration", "pl_legacy_patch")():
-        #         loaded = read_checkpoint(strategy, source, restore.weights_only)
-        # series: end
         loaded.checkpoint = self._migrate(loaded.checkpoint, restore.path)
         return loaded
 
@@ -431,13 +361,10 @@ class _SerializedCheckpointConnectorMixin:
             flavour.import_("strategies", "DDPStrategy"),
             flavour.import_("strategies", "SingleDeviceStrategy"),
         ]
-        # series: fsdp
         fsdp = fsdp_strategy_class(strategy)
         bases.append(fsdp)
-        # series: end
         base = next((b for b in bases if isinstance(strategy, b)), None)
         overridden = [m for m in _RESTORE_METHODS if getattr(type(strategy), m) is not getattr(base, m)] if base else []
-        # series: fsdp
         if base is fsdp and not overridden:
             # FSDP's own load_checkpoint broadcasts the path from rank 0 first: every rank decides on the same path
             kind, why = checkpoint_kind(strategy, strategy.broadcast(checkpoint_path))
@@ -445,7 +372,6 @@ class _SerializedCheckpointConnectorMixin:
                 return RestorePath.FSDP_FULL
             self._rank_zero_info(upstream_reason(kind, why, "restore"))
             return RestorePath.UPSTREAM
-        # series: end
         if base is not None and not overridden and not strategy.restore_checkpoint_after_setup:
             return RestorePath.TURNS
         if type(strategy) not in self._warned_strategies:
@@ -461,19 +387,14 @@ class _SerializedCheckpointConnectorMixin:
             )
         return RestorePath.UPSTREAM
 
-    # series: auto
     def _decide_max_concurrent(self, restore: _Restore) -> int:
         """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it (``_plan.py``)."""
         source = restore.path
-        # series: remote
         if restore.local_copy is not None:
             source = restore.local_copy.path
-        # series: end
         return decide_max_concurrent(
             self._options, self.trainer.strategy, self._placement(), restore.path, source, self._log
         )
-
-    # series: end
 
     def _make_schedule(self, checkpoint_path: Any, max_concurrent: int) -> TurnSchedule:
         """(all ranks) A schedule over the job's default store (none for a single process)."""

@@ -1,9 +1,5 @@
-# series: auto
 """Memory figures: a process's private memory for the turns' log lines, and how many local ranks
 ``serialized_checkpoint_loading="auto"`` lets restore at once, from the memory available."""
-# series: before auto
-# """Memory figures: a process's private memory, for the turns' log lines."""
-# series: end
 
 from __future__ import annotations
 
@@ -12,7 +8,6 @@ from dataclasses import dataclass
 
 from serialized_restore._options import PSUTIL_AVAILABLE
 
-# series: auto
 SAFETY_MARGIN = 0.2
 """Fraction of the available memory left untouched by the estimate."""
 
@@ -47,9 +42,6 @@ class AutoPlan:
         )
 
 
-# series: end
-
-
 def format_bytes(count: int) -> str:
     """``1.4 GiB``, ``35.2 KiB``, ``12 B``: a unit that fits, at every checkpoint size."""
     value = float(count)
@@ -78,7 +70,6 @@ def private_memory() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-# series: auto
 def plan_auto(checkpoint_size: int, reader: str, local_world_size: int, available_memory: int | None) -> AutoPlan:
     """(local rank 0 of each node) Choose ``k`` in ``[1, local_world_size]``, or 0 if even one turn does not fit.
     ``available_memory``: the bytes to assume available, or ``None`` to measure them."""
@@ -93,4 +84,3 @@ def plan_auto(checkpoint_size: int, reader: str, local_world_size: int, availabl
     usable = available * (1 - SAFETY_MARGIN)
     k = local_world_size if need == 0 else min(local_world_size, int(usable // need))
     return AutoPlan(max(k, 0), local_world_size, available, source, checkpoint_size, reader, need)
-    # series: end

@@ -15,9 +15,7 @@ from serialized_restore._options import AVAILABLE_MEMORY_SETTING, READER_SETTING
 from serialized_restore._readers import choose_reader, local_path
 from serialized_restore._turns import RankPlacement, TurnSchedule
 
-# series: auto
 STAGE_PLAN = "plan restore"
-# series: end
 
 
 def job_schedule(
@@ -37,7 +35,6 @@ def job_schedule(
     )
 
 
-# series: auto
 def decide_max_concurrent(
     options: RestoreOptions,
     strategy: Any,
@@ -95,7 +92,6 @@ def parse_plan(text: str) -> tuple[int, str]:
     return k, figures
 
 
-# series: end
 def local_world_size(strategy: Any) -> int:
     """The number of ranks on this node (Trainer and Fabric strategies alike)."""
     return max(1, int(getattr(strategy, "num_processes", 1)))
