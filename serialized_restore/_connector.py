@@ -17,7 +17,7 @@ then ``resume_end`` drops the cached checkpoint dict. Upstream, every rank holds
 * stage 2, in the rank's turn: the optimizer state is handed to the optimizers (``_prepare_optimizer_states``), and
   the rest of the cached dict is dropped at the end of the turn.
 
-Strategies whose restore runs collectives, which cannot run inside a turn, take other paths (``_choose_path``).
+Strategies whose restore runs collectives, which cannot run inside a turn, take other paths (``_strategy_path.py``).
 
 Where things live: a restore's state (its path through the code, its schedule, how the file was read, where the
 optimizer state will come from) is one ``_Restore`` object, created when stage 1 starts and dropped at
@@ -34,31 +34,18 @@ from typing import Any
 
 import torch
 
+from serialized_restore._auto import decide_max_concurrent
 from serialized_restore._flavour import flavour_of
-from serialized_restore._fsdp import FULL, checkpoint_kind, fsdp_strategy_class, load_full_checkpoint, upstream_reason
-from serialized_restore._options import RestoreOptions
-from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size, placement_of
+from serialized_restore._fsdp import FULL, checkpoint_kind, load_full_checkpoint, upstream_reason
+from serialized_restore._options import SerializedLoading
 from serialized_restore._readers import LoadedCheckpoint, copy_kept_out_of_mapping, read_checkpoint, storages_of
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
+from serialized_restore._strategy_path import StrategyPath, job_schedule, placement_of, strategy_path
 from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
 
 STAGE_FETCH = "fetch checkpoint"
 STAGE_MODULES = "restore modules and callbacks"
 STAGE_TRAINING_STATE = "restore training state"
-
-# the methods through which a strategy restores; a subclass that overrides any of them may run collectives there
-_RESTORE_METHODS = ("load_checkpoint", "load_model_state_dict", "load_optimizer_state_dict")
-
-
-class RestorePath(enum.Enum):
-    """How the option restores with the trainer's strategy (``_choose_path``)."""
-
-    TURNS = "turns"
-    """Single device and the DDP family: both stages in per-node turns."""
-    FSDP_FULL = "fsdp-full"
-    """FSDP and a full checkpoint: every rank together, memory-mapped (``_fsdp.py``)."""
-    UPSTREAM = "upstream"
-    """Anything else, or the option off: upstream's restore, untouched."""
 
 
 class OptimizerSource(enum.Enum):
@@ -84,7 +71,9 @@ class _Restore:
     """
 
     path: Any
-    how: RestorePath
+    settings: SerializedLoading
+    how: StrategyPath
+    """``TURNS``, or ``FSDP`` with a full checkpoint."""
     weights_only: bool | None
     fitting: bool
     schedule: TurnSchedule | None = None
@@ -98,7 +87,6 @@ class _Restore:
     optimizer_source: OptimizerSource = OptimizerSource.IN_DICT
     fingerprint: _Fingerprint | None = None
     """Of the eagerly read optimizer state before the hooks ran, until stage 1's turn ends."""
-    failed: bool = False
 
     @property
     def reader(self) -> str:
@@ -121,9 +109,9 @@ class _SerializedCheckpointConnectorMixin:
     _loaded_checkpoint: dict[str, Any]
     _ckpt_path: Any
 
-    def __init__(self, trainer: Any, options: RestoreOptions) -> None:
+    def __init__(self, trainer: Any, settings: SerializedLoading | None) -> None:
         super().__init__(trainer)  # type: ignore[call-arg]
-        self._options = options
+        self._settings = settings
         self._restore: _Restore | None = None
         self._warned_strategies: set[type] = set()
         flavour = flavour_of(self)
@@ -148,12 +136,13 @@ class _SerializedCheckpointConnectorMixin:
             # an earlier restore whose resume_end never ran (its run failed between the stages): free what it holds
             self._abandon(self._restore)
         self._restore = None
-        how = self._choose_path(checkpoint_path) if checkpoint_path and self._options.enabled else RestorePath.UPSTREAM
-        if how is RestorePath.UPSTREAM:
+        how = self._choose_path(checkpoint_path) if checkpoint_path else StrategyPath.UPSTREAM
+        if how is StrategyPath.UPSTREAM:
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
             return
-        restore = self._restore = _Restore(checkpoint_path, how, weights_only, self._fitting())
-        if how is RestorePath.FSDP_FULL:
+        assert self._settings is not None  # the option is on: the path is not UPSTREAM
+        restore = self._restore = _Restore(checkpoint_path, self._settings, how, weights_only, self._fitting())
+        if how is StrategyPath.FSDP:
             self._restore_fsdp_full(restore)
             return
         # as upstream's resume_start does first, also on a rank whose turn never comes because another rank failed
@@ -161,7 +150,12 @@ class _SerializedCheckpointConnectorMixin:
         try:
             if is_remote(checkpoint_path):
                 self._fetch(restore)
-            schedule = self._make_schedule(checkpoint_path, self._decide_max_concurrent(restore))
+            source = restore.local_copy.path if restore.local_copy is not None else checkpoint_path
+            placement = self._placement()
+            k = decide_max_concurrent(
+                restore.settings, self.trainer.strategy, placement, restore.path, source, self._log
+            )
+            schedule = self._make_schedule(restore, k)
             with schedule.turn(STAGE_MODULES) as record:
                 restore.reading = True
                 try:
@@ -180,9 +174,9 @@ class _SerializedCheckpointConnectorMixin:
         """(all ranks) Local rank 0 of each node downloads the remote checkpoint into a new private directory; every
         rank of the node takes its path from the store and checks it, in a second round, so that a refusal on any
         rank ends the restore on every rank."""
-        schedule = self._make_schedule(restore.path, local_world_size(self.trainer.strategy))
+        schedule = self._make_schedule(restore)
         # SerializedLoading.tmpdir, else the system's temporary directory
-        restore.local_copy = copy = NodeLocalCopy(restore.path, self._options.tmpdir, self._log)
+        restore.local_copy = copy = NodeLocalCopy(restore.path, restore.settings.tmpdir, self._log)
         if self.trainer.local_rank == 0:
             # last resort for a job that dies between the stages: the copy never outlives the process
             atexit.register(copy.remove)
@@ -193,7 +187,6 @@ class _SerializedCheckpointConnectorMixin:
     def _abandon(self, restore: _Restore) -> None:
         """(each rank, after a failed stage) Free what the restore holds; resume_end won't run."""
         self._loaded_checkpoint = {}
-        restore.failed = True
         restore.schedule = restore.loaded = restore.fingerprint = None
         self._remove_local_copy(restore)
 
@@ -231,14 +224,14 @@ class _SerializedCheckpointConnectorMixin:
             return
         self._ckpt_path = checkpoint_path
         self._rank_zero_info(f"Restoring states from the checkpoint path at {checkpoint_path}")
-        if restore.how is RestorePath.FSDP_FULL:
+        if restore.how is StrategyPath.FSDP:
+            schedule = self._make_schedule(restore)
             strategy = self.trainer.strategy
-            schedule = self._make_schedule(checkpoint_path, local_world_size(strategy))
             checkpoint = load_full_checkpoint(strategy, checkpoint_path, weights_only, restore.fitting, schedule)
             restore.loaded = LoadedCheckpoint({}, "mmap", 0)
             self._loaded_checkpoint = self._migrate(checkpoint, checkpoint_path)
             return
-        restore.loaded = self._read(restore, self._options.reader)
+        restore.loaded = self._read(restore, restore.settings.reader)
         self._loaded_checkpoint = restore.loaded.checkpoint
         restore.loaded.checkpoint = {}  # the dict lives in _loaded_checkpoint only
         if restore.fitting:
@@ -348,57 +341,25 @@ class _SerializedCheckpointConnectorMixin:
     def _rank_zero_info(self, message: str) -> None:
         flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(message)
 
-    def _choose_path(self, checkpoint_path: Any) -> RestorePath:
-        """(all ranks) How the option restores with this strategy (``RestorePath``).
-
-        In turns only where the strategy restores without collectives: single device and the DDP family. A subclass
-        that overrides a restore method of its base may run collectives there, so it, and any other strategy without
-        a path of its own, is restored as upstream with one warning on rank zero.
-        """
+    def _choose_path(self, checkpoint_path: Any) -> StrategyPath:
+        """(all ranks) How the option restores with this strategy (``_strategy_path.py``); FSDP only with a full
+        checkpoint."""
+        if self._settings is None:
+            return StrategyPath.UPSTREAM
         strategy = self.trainer.strategy
-        flavour = flavour_of(self)
-        bases: list[type] = [
-            flavour.import_("strategies", "DDPStrategy"),
-            flavour.import_("strategies", "SingleDeviceStrategy"),
-        ]
-        fsdp = fsdp_strategy_class(strategy)
-        bases.append(fsdp)
-        base = next((b for b in bases if isinstance(strategy, b)), None)
-        overridden = [m for m in _RESTORE_METHODS if getattr(type(strategy), m) is not getattr(base, m)] if base else []
-        if base is fsdp and not overridden:
+        how = strategy_path(strategy, "Trainer", self.trainer.serialized_checkpoint_loading, self._warned_strategies)
+        if how is StrategyPath.FSDP:
             # FSDP's own load_checkpoint broadcasts the path from rank 0 first: every rank decides on the same path
             kind, why = checkpoint_kind(strategy, strategy.broadcast(checkpoint_path))
-            if kind == FULL:
-                return RestorePath.FSDP_FULL
-            self._rank_zero_info(upstream_reason(kind, why, "restore"))
-            return RestorePath.UPSTREAM
-        if base is not None and not overridden and not strategy.restore_checkpoint_after_setup:
-            return RestorePath.TURNS
-        if type(strategy) not in self._warned_strategies:
-            self._warned_strategies.add(type(strategy))
-            why = (
-                f"it overrides {', '.join(overridden)}"
-                if overridden
-                else "its restore may run collectives, which cannot run while ranks take turns"
-            )
-            flavour.import_("utilities.rank_zero", "rank_zero_warn")(
-                f"`Trainer(serialized_checkpoint_loading={self._options.value!r})` has no effect with"
-                f" {type(strategy).__name__}: {why}. The checkpoint is restored as upstream Lightning does."
-            )
-        return RestorePath.UPSTREAM
+            if kind != FULL:
+                self._rank_zero_info(upstream_reason(kind, why, "restore"))
+                return StrategyPath.UPSTREAM
+        return how
 
-    def _decide_max_concurrent(self, restore: _Restore) -> int:
-        """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it (``_plan.py``)."""
-        source = restore.path
-        if restore.local_copy is not None:
-            source = restore.local_copy.path
-        return decide_max_concurrent(
-            self._options, self.trainer.strategy, self._placement(), restore.path, source, self._log
-        )
-
-    def _make_schedule(self, checkpoint_path: Any, max_concurrent: int) -> TurnSchedule:
-        """(all ranks) A schedule over the job's default store (none for a single process)."""
-        return job_schedule(self._placement(), checkpoint_path, max_concurrent, self._options, self._log)
+    def _make_schedule(self, restore: _Restore, max_concurrent: int | None = None) -> TurnSchedule:
+        """(all ranks) A schedule over the job's default store (none for a single process); by default every local
+        rank at once."""
+        return job_schedule(self._placement(), restore.path, restore.settings, self._log, max_concurrent)
 
     def _placement(self) -> RankPlacement:
         return placement_of(self.trainer, self.trainer.strategy)

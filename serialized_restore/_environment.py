@@ -9,12 +9,11 @@ object only), so nothing outside this module does.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from serialized_restore._options import READERS, RestoreOptions, settings_of
+from serialized_restore._options import READERS, SerializedLoading, settings_of
 
 TURN_TIMEOUT_ENV = "SERIALIZED_RESTORE_TURN_TIMEOUT"
 HEARTBEAT_TIMEOUT_ENV = "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT"
@@ -31,12 +30,14 @@ ENVIRONMENT_OVERRIDES = {
 """Every environment variable the package reads, and the field it overrides."""
 
 
-def options_from(value: object, owner: str = "Trainer", environ: Mapping[str, str] = os.environ) -> RestoreOptions:
-    """:meth:`RestoreOptions.parse` of ``value``, with the fields the environment sets overridden; a malformed
-    variable raises ``ValueError`` naming it, on every rank, when the ``Trainer`` or ``Fabric`` is built."""
-    settings = settings_of(value, owner)
-    if settings is None:
-        return RestoreOptions.from_settings(value, None, owner)
+def options_from(
+    value: object, owner: str = "Trainer", environ: Mapping[str, str] = os.environ
+) -> SerializedLoading | None:
+    """:func:`~serialized_restore._options.settings_of` ``value``, with the fields the environment sets overridden;
+    a malformed variable raises ``ValueError`` naming it, on every rank, when the ``Trainer`` or ``Fabric`` is
+    built."""
+    if value is False:
+        return None
     overrides: dict[str, Any] = {}
     for name, field in ((TURN_TIMEOUT_ENV, "turn_timeout"), (HEARTBEAT_TIMEOUT_ENV, "heartbeat_timeout")):
         seconds = _positive_seconds(environ, name)
@@ -53,7 +54,7 @@ def options_from(value: object, owner: str = "Trainer", environ: Mapping[str, st
     memory = _bytes(environ, AVAILABLE_MEMORY_ENV)
     if memory is not None:
         overrides["available_memory"] = memory
-    return RestoreOptions.from_settings(value, dataclasses.replace(settings, **overrides), owner)
+    return settings_of(value, owner, **overrides)
 
 
 def _positive_seconds(environ: Mapping[str, str], name: str) -> float | None:

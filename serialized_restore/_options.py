@@ -1,11 +1,12 @@
-"""``Trainer(serialized_checkpoint_loading=...)``: the typed settings object, and what a value resolves to."""
+"""``Trainer(serialized_checkpoint_loading=...)``: the typed settings object, and what a value stands for."""
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 from dataclasses import dataclass
-from typing import Literal, SupportsIndex
+from typing import Any, Literal, SupportsIndex
 
 from lightning_utilities.core.imports import RequirementCache
 
@@ -79,73 +80,37 @@ class SerializedLoading:
             )
 
 
-@dataclass(frozen=True)
-class RestoreOptions:
-    """What ``serialized_checkpoint_loading`` resolves to.
+def settings_of(value: object, owner: str = "Trainer", **overrides: Any) -> SerializedLoading | None:
+    """The :class:`SerializedLoading` that ``value`` stands for, with the fields in ``overrides`` replaced; ``None``
+    for ``False`` (the option off).
 
-    ``max_concurrent`` is ``None`` when the option is off (or ``"auto"``: chosen per node at restore time), else the
-    most local ranks of one node inside a turn at the same time.
+    Raises:
+        ValueError: ``value`` is none of the accepted values, quoting it and ``owner`` (``"Trainer"`` or
+            ``"Fabric"``, the class it was given to).
+        ModuleNotFoundError: ``"auto"`` would measure the memory available, and psutil is not installed.
     """
-
-    value: object
-    """What the user passed, as given: ``trainer.serialized_checkpoint_loading`` returns it."""
-    max_concurrent: int | None
-    turn_timeout: float = DEFAULT_TURN_TIMEOUT
-    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
-    reader: str = "auto"
-    tmpdir: str | None = None
-    auto: bool = False
-    available_memory: int | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_concurrent is not None or self.auto
-
-    @classmethod
-    def parse(cls, value: object, owner: str = "Trainer") -> RestoreOptions:
-        """Validate the user's value; raise ``ValueError`` quoting what is wrong (and ``owner``, the class the value
-        was given to: ``"Trainer"`` or ``"Fabric"``)."""
-        return cls.from_settings(value, settings_of(value, owner), owner)
-
-    @classmethod
-    def from_settings(cls, value: object, settings: SerializedLoading | None, owner: str = "Trainer") -> RestoreOptions:
-        """The options of ``settings`` (``None``: off), ``value`` being what the user passed."""
-        if settings is None:
-            return cls(value=value, max_concurrent=None)
-        auto = settings.max_concurrent == AUTO
-        if auto and settings.available_memory is None and not PSUTIL_AVAILABLE:
-            raise ModuleNotFoundError(
-                f"`{owner}(serialized_checkpoint_loading={value!r})` measures the memory available with psutil:"
-                f" {PSUTIL_AVAILABLE}. Or give it: `SerializedLoading(max_concurrent='auto', available_memory=...)`."
-            )
-        return cls(
-            value=value,
-            max_concurrent=None if auto else int(settings.max_concurrent),
-            turn_timeout=float(settings.turn_timeout),
-            heartbeat_timeout=float(settings.heartbeat_timeout),
-            reader=settings.reader,
-            tmpdir=os.fspath(settings.tmpdir) if settings.tmpdir is not None else None,
-            auto=auto,
-            available_memory=settings.available_memory,
-        )
-
-
-def settings_of(value: object, owner: str = "Trainer") -> SerializedLoading | None:
-    """The :class:`SerializedLoading` that ``value`` stands for; ``None`` for ``False``."""
-    if isinstance(value, SerializedLoading):
-        return value
     if value is False:
         return None
-    if value is True:
-        return SerializedLoading()
-    if value == AUTO:
-        return SerializedLoading(max_concurrent=AUTO)
-    k = _positive_int(value)
-    if k is not None:
-        return SerializedLoading(max_concurrent=k)
-    raise ValueError(
-        f"`{owner}(serialized_checkpoint_loading={value!r})` is not supported. Accepted values: {_ACCEPTED}."
-    )
+    if isinstance(value, SerializedLoading):
+        settings = value
+    elif value is True:
+        settings = SerializedLoading()
+    elif value == AUTO:
+        settings = SerializedLoading(max_concurrent=AUTO)
+    elif (k := _positive_int(value)) is not None:
+        settings = SerializedLoading(max_concurrent=k)
+    else:
+        raise ValueError(
+            f"`{owner}(serialized_checkpoint_loading={value!r})` is not supported. Accepted values: {_ACCEPTED}."
+        )
+    if overrides:
+        settings = dataclasses.replace(settings, **overrides)
+    if settings.max_concurrent == AUTO and settings.available_memory is None and not PSUTIL_AVAILABLE:
+        raise ModuleNotFoundError(
+            f"`{owner}(serialized_checkpoint_loading={value!r})` measures the memory available with psutil:"
+            f" {PSUTIL_AVAILABLE}. Or give it: `SerializedLoading(max_concurrent='auto', available_memory=...)`."
+        )
+    return settings
 
 
 def _positive_int(value: object) -> int | None:

@@ -53,6 +53,13 @@ def local_path(path: Any) -> str | None:
     return path
 
 
+def _missing(path: Any) -> bool:
+    """Whether ``path`` is a local path with nothing there: reading it raises upstream's own error, which needs no
+    word about readers before it."""
+    local = local_path(path)
+    return local is not None and not os.path.lexists(local)
+
+
 def _file_size(path: str | None) -> int:
     try:
         return os.path.getsize(path) if path is not None else 0
@@ -116,7 +123,8 @@ class MmapCheckpointIOMixin:
         reason = path_unmappable_reason(path)
         if reason is None:
             return load_mmap(path, map_location, weights_only)
-        info(f"MmapCheckpointIO: reading {path!r} eagerly instead of memory-mapped: {reason}.")
+        if not _missing(path):
+            info(f"MmapCheckpointIO: reading {path!r} eagerly instead of memory-mapped: {reason}.")
         return super().load_checkpoint(  # type: ignore[misc]
             path, map_location=map_location, weights_only=weights_only
         )
@@ -141,8 +149,9 @@ def _accept_in_every_imported_flavour(cls: type) -> None:
 def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, str | None]:
     """The one rule for how a rank reads ``path``: ``("mmap", None)`` where ``requested`` (``"auto"``, ``"mmap"``
     or ``"eager"``) allows it and the file can be memory-mapped for ``strategy``, else ``("eager", why)``, ``why``
-    being ``None`` when eager reading was requested. ``"auto"``'s memory estimate uses it before anything is read."""
-    if requested == "eager":
+    being ``None`` when eager reading was requested or when there is no file to read (the eager read raises
+    upstream's error). ``"auto"``'s memory estimate uses it before anything is read."""
+    if requested == "eager" or _missing(path):
         return "eager", None
     reason = mmap_unsupported_reason(strategy, path)
     return ("mmap", None) if reason is None else ("eager", reason)

@@ -146,28 +146,20 @@ def test_turns_never_exceed_k_per_node(tmp_path: Path, reference: dict[str, Any]
         assert 1 <= max_concurrent(intervals) <= k, f"{stage}: {sorted(intervals)}"
 
 
-def test_unified_lightning_flavour(tmp_path: Path, reference: dict[str, Any]) -> None:
-    """`serialized_restore.lightning.Trainer` (for `import lightning.pytorch`) resumes bit-identically."""
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param({"flavour": "lightning"}, id="lightning-flavour"),
+        pytest.param({"strategy": "ddp_spawn"}, id="ddp-spawn"),
+    ],
+)
+def test_resume_in_turns_is_bit_identical(tmp_path: Path, reference: dict[str, Any], variant: dict[str, str]) -> None:
+    """The option resumes bit-identically, in turns, with `serialized_restore.lightning.Trainer` (for `import
+    lightning.pytorch`) and with `ddp_spawn`, where ranks are spawned worker processes."""
     result = run_ok(
         {
             "trainer": "ours",
-            "flavour": "lightning",
-            "serialized": True,
-            "out": str(tmp_path),
-            "max_epochs": 2,
-            "ckpt_path": reference["ckpt"],
-        }
-    )
-    assert_training_state_equal(result.ranks, reference["uninterrupted"])
-    assert all(turn_intervals({r: g}) for r, g in result.ranks.items())
-
-
-def test_ddp_spawn(tmp_path: Path, reference: dict[str, Any]) -> None:
-    """The option works with `ddp_spawn`, where ranks are spawned worker processes."""
-    result = run_ok(
-        {
-            "trainer": "ours",
-            "strategy": "ddp_spawn",
+            **variant,
             "serialized": True,
             "out": str(tmp_path),
             "max_epochs": 2,
