@@ -18,25 +18,20 @@ then ``resume_end`` drops the cached checkpoint dict. Upstream, every rank holds
   the rest of the cached dict is dropped at the end of the turn.
 
 Strategies whose restore runs collectives, which cannot run inside a turn, take other paths (``_strategy_path.py``).
-
-Where things live: a restore's state (its path through the code, its schedule, how the file was read, where the
-optimizer state will come from) is one ``_Restore`` object, created when stage 1 starts and dropped at
-``resume_end``.
+A restore's state is one ``_Restore``, created when stage 1 starts and dropped at ``resume_end``.
 """
 
 from __future__ import annotations
 
 import atexit
-import enum
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from serialized_restore._auto import decide_max_concurrent
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, checkpoint_kind, load_full_checkpoint, upstream_reason
+from serialized_restore._optimizer_state import Fingerprint, OptimizerSource, load_in_place
 from serialized_restore._options import SerializedLoading
 from serialized_restore._readers import LoadedCheckpoint, copy_kept_out_of_mapping, read_checkpoint, storages_of
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
@@ -46,19 +41,6 @@ from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
 STAGE_FETCH = "fetch checkpoint"
 STAGE_MODULES = "restore modules and callbacks"
 STAGE_TRAINING_STATE = "restore training state"
-
-
-class OptimizerSource(enum.Enum):
-    """Where stage 2 takes the optimizer state from (fit only)."""
-
-    IN_DICT = "in the dict"
-    """Already in private memory in the cached dict (read eagerly and changed by a hook, or the strategy's own
-    copy)."""
-    COPY_FROM_MAPPING = "copy from the mapping"
-    """Views of the memory-mapped file: handed to the optimizers, and what they keep of it copied into private memory
-    in the rank's stage-2 turn."""
-    READ_AGAIN = "read again"
-    """Read eagerly and dropped after stage 1 (no hook changed it): read the file again in the stage-2 turn."""
 
 
 @dataclass
@@ -85,7 +67,7 @@ class _Restore:
     loaded: LoadedCheckpoint | None = None
     """How stage 1 read the file (the dict itself lives in ``_loaded_checkpoint``, as upstream)."""
     optimizer_source: OptimizerSource = OptimizerSource.IN_DICT
-    fingerprint: _Fingerprint | None = None
+    fingerprint: Fingerprint | None = None
     """Of the eagerly read optimizer state before the hooks ran, until stage 1's turn ends."""
 
     @property
@@ -238,7 +220,7 @@ class _SerializedCheckpointConnectorMixin:
             if restore.reader == "mmap":
                 restore.optimizer_source = OptimizerSource.COPY_FROM_MAPPING
             else:
-                restore.fingerprint = _Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
+                restore.fingerprint = Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
 
     def _release_after_modules(self, restore: _Restore) -> None:
         """(one rank, end of its stage-1 turn) Drop what the second stage does not need."""
@@ -250,7 +232,7 @@ class _SerializedCheckpointConnectorMixin:
             checkpoint.pop("optimizer_states", None)
             checkpoint.pop("lr_schedulers", None)
         elif restore.fingerprint is not None and "optimizer_states" in checkpoint:
-            if _Fingerprint(checkpoint["optimizer_states"]) == restore.fingerprint:
+            if Fingerprint(checkpoint["optimizer_states"]) == restore.fingerprint:
                 del checkpoint["optimizer_states"]
                 restore.optimizer_source = OptimizerSource.READ_AGAIN
             else:
@@ -282,7 +264,7 @@ class _SerializedCheckpointConnectorMixin:
         restore.schedule = None
         try:
             in_turns = restore.fitting and (
-                restore.optimizer_source is OptimizerSource.READ_AGAIN or not _load_in_place(self.trainer.optimizers)
+                restore.optimizer_source is OptimizerSource.READ_AGAIN or not load_in_place(self.trainer.optimizers)
             )
             with schedule.turn(STAGE_TRAINING_STATE, ordered=in_turns, logged=restore.fitting) as record:
                 mapped = self._prepare_optimizer_states(restore, record)
@@ -363,75 +345,3 @@ class _SerializedCheckpointConnectorMixin:
 
     def _placement(self) -> RankPlacement:
         return placement_of(self.trainer, self.trainer.strategy)
-
-
-class _Fingerprint:
-    """A cheap structural snapshot: tensors by identity and version counter, plain leaves by value.
-
-    Two snapshots are equal when nothing was added, removed, replaced or changed in place in between. The tensors
-    themselves are referenced so that their ``id`` cannot be reused while the snapshot lives.
-    """
-
-    def __init__(self, obj: Any) -> None:
-        self.shape: list[Any] = []
-        self._tensors: list[torch.Tensor] = []
-        self._visit(obj)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Fingerprint) and self.shape == other.shape
-
-    def _visit(self, value: Any) -> None:
-        out = self.shape
-        if isinstance(value, torch.Tensor):
-            self._tensors.append(value)
-            out.append(("tensor", id(value), value._version))
-        elif isinstance(value, dict):
-            out.append(("dict", len(value)))
-            for key, item in value.items():
-                out.append(key)
-                self._visit(item)
-        elif isinstance(value, (list, tuple)):
-            out.append((type(value), len(value)))
-            for item in value:
-                self._visit(item)
-        elif value is None or isinstance(value, (bool, int, float, str, bytes)):
-            out.append(value)
-        else:
-            out.append(("object", id(value)))
-
-
-def _load_in_place(optimizers: list[Any]) -> bool:
-    """Whether every optimizer's ``load_state_dict`` is torch's own, which keeps each given state tensor (or a copy
-    of it on the parameter's device or in its dtype) and allocates nothing it frees again."""
-    return all(type(optimizer).load_state_dict is torch.optim.Optimizer.load_state_dict for optimizer in optimizers)
-
-
-def disable_checkpoint_callbacks(trainer: Any) -> None:
-    """(each rank, a restore failed half-way) Keep checkpoint callbacks from saving the partly restored model while
-    Lightning handles the exception (its ``on_exception`` hooks).
-
-    Only the callbacks that can save in ``on_exception`` are removed from ``trainer.callbacks`` (a ``ModelCheckpoint``
-    with ``save_on_exception=True``, an ``OnExceptionCheckpoint``, or any checkpoint callback that overrides
-    ``on_exception``), with one warning naming them: for all others, and so by default, nothing changes.
-    """
-    flavour = flavour_of(trainer)
-    checkpoint_cls = flavour.import_("callbacks", "Checkpoint")
-    model_checkpoint_cls = flavour.import_("callbacks", "ModelCheckpoint")
-    callback_cls = flavour.import_("callbacks", "Callback")
-
-    def saves_on_exception(callback: Any) -> bool:
-        own = type(callback).on_exception
-        if own is callback_cls.on_exception:
-            return False
-        if own is model_checkpoint_cls.on_exception:
-            return bool(getattr(callback, "save_on_exception", False))
-        return True
-
-    disabled = [cb for cb in trainer.callbacks if isinstance(cb, checkpoint_cls) and saves_on_exception(cb)]
-    if not disabled:
-        return
-    trainer.callbacks = [cb for cb in trainer.callbacks if cb not in disabled]
-    flavour.import_("utilities.rank_zero", "rank_zero_warn")(
-        f"The checkpoint restore failed, so {', '.join(type(cb).__name__ for cb in disabled)} will not save a"
-        " checkpoint of the partly restored model."
-    )

@@ -8,7 +8,7 @@ import sys
 import typing
 from typing import Any, Callable, ClassVar, Literal, Union
 
-from serialized_restore._connector import _SerializedCheckpointConnectorMixin, disable_checkpoint_callbacks
+from serialized_restore._connector import _SerializedCheckpointConnectorMixin
 from serialized_restore._environment import options_from
 from serialized_restore._flavour import STANDALONE, UNIFIED, flavour_of
 from serialized_restore._options import SerializedLoading
@@ -130,3 +130,34 @@ def _with_upstream_signature(cls: type) -> Callable[..., None]:
     __init__.__doc__ = (upstream_init.__doc__ or "") + "\n\n" + (SerializedRestoreTrainerMixin.__doc__ or "")
     del __init__.__wrapped__  # type: ignore[attr-defined]  # the signature is the one set above, not upstream's
     return __init__
+
+
+def disable_checkpoint_callbacks(trainer: Any) -> None:
+    """(each rank, a restore failed half-way) Keep checkpoint callbacks from saving the partly restored model while
+    Lightning handles the exception (its ``on_exception`` hooks).
+
+    Only the callbacks that can save in ``on_exception`` are removed from ``trainer.callbacks`` (a ``ModelCheckpoint``
+    with ``save_on_exception=True``, an ``OnExceptionCheckpoint``, or any checkpoint callback that overrides
+    ``on_exception``), with one warning naming them: for all others, and so by default, nothing changes.
+    """
+    flavour = flavour_of(trainer)
+    checkpoint_cls = flavour.import_("callbacks", "Checkpoint")
+    model_checkpoint_cls = flavour.import_("callbacks", "ModelCheckpoint")
+    callback_cls = flavour.import_("callbacks", "Callback")
+
+    def saves_on_exception(callback: Any) -> bool:
+        own = type(callback).on_exception
+        if own is callback_cls.on_exception:
+            return False
+        if own is model_checkpoint_cls.on_exception:
+            return bool(getattr(callback, "save_on_exception", False))
+        return True
+
+    disabled = [cb for cb in trainer.callbacks if isinstance(cb, checkpoint_cls) and saves_on_exception(cb)]
+    if not disabled:
+        return
+    trainer.callbacks = [cb for cb in trainer.callbacks if cb not in disabled]
+    flavour.import_("utilities.rank_zero", "rank_zero_warn")(
+        f"The checkpoint restore failed, so {', '.join(type(cb).__name__ for cb in disabled)} will not save a"
+        " checkpoint of the partly restored model."
+    )
