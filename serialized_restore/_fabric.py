@@ -2,21 +2,13 @@
 
 Under DDP every local rank calls ``strategy.load_checkpoint``, which reads the whole file into private memory at
 once: N x S per node. With ``Fabric(serialized_checkpoint_loading=...)`` each rank runs upstream's own
-``strategy.load_checkpoint`` inside its turn (``_turns.py``), on the checkpoint read memory-mapped where it can be
-(``_readers.choose_reader``), and then, with the node's other ranks at once (a second, unordered stage: it
-allocates only what the rank keeps), copies into private memory what the rank keeps of the mapped file:
-
-* modules: ``load_state_dict`` copies into the parameters and buffers already (nothing else is kept);
-* optimizers: the tensors they still hold after ``load_state_dict`` (``copy_kept_out_of_mapping``: a sharded
-  optimizer's shard, nothing for state moved to a GPU);
-* other stateful objects (``state_dict`` / ``load_state_dict``): their entry, copied before it is handed to them;
-* plain values put into ``state`` and the returned remainder: every tensor in them.
-
-So nothing the caller holds after ``load`` is backed by the file, and a rank waiting for its turn holds nothing of
-the checkpoint. The schedule, the readers and the errors are the Trainer's; the rules for strategies are too: single
-device and the DDP family in turns; FSDP with a full checkpoint with its ranks together, memory-mapped, each rank
-copying only its shard (``_fsdp.py``), and with a sharded one as upstream (each rank reads its own shards); any
-strategy that overrides ``load_checkpoint`` or ``load_module_state_dict``, as upstream.
+``strategy.load_checkpoint`` inside its turn, on the checkpoint read memory-mapped where it can be, and then, with
+the node's other ranks at once (it allocates only what the rank keeps), copies into private memory what the rank
+keeps of the mapped file: what the optimizers hold after ``load_state_dict``, the entries of other stateful objects
+(before they get them), the plain values put into ``state`` and the returned remainder. Modules copy into their
+parameters already. So nothing the caller holds after ``load`` is backed by the file, and a rank waiting for its turn
+holds nothing of the checkpoint. Strategies follow the Trainer's rule (``_strategy_path.py``); FSDP with a full
+checkpoint loads with its ranks together, memory-mapped (``_fsdp.py``).
 """
 
 from __future__ import annotations
@@ -48,6 +40,8 @@ from serialized_restore._trainer import SerializedCheckpointLoading
 
 STAGE_LOAD = "load checkpoint"
 STAGE_COPY = "copy what is kept"
+_Load = Callable[..., dict[str, Any]]
+"""Upstream's ``strategy.load_checkpoint``."""
 
 
 class SerializedFabricMixin:
@@ -95,15 +89,13 @@ class SerializedFabricMixin:
     def _loading_in_turns(self) -> Iterator[None]:
         """While upstream's ``load`` / ``load_raw`` runs, its call of ``strategy.load_checkpoint`` becomes a turn."""
         strategy, settings = self._strategy, self._serialized_settings
-        path = (
-            strategy_path(strategy, "Fabric", self._serialized_value, self._serialized_warned)
-            if settings is not None
-            else StrategyPath.UPSTREAM
-        )
-        if settings is None or path is StrategyPath.UPSTREAM:
+        if settings is None or (
+            (way := strategy_path(strategy, "Fabric", self._serialized_value, self._serialized_warned))
+            is StrategyPath.UPSTREAM
+        ):
             yield
             return
-        how = self._load_fsdp if path is StrategyPath.FSDP else self._load_in_turn
+        how = self._load_fsdp if way is StrategyPath.FSDP else self._load_in_turn
         upstream = strategy.load_checkpoint
 
         def load_checkpoint(
@@ -118,13 +110,7 @@ class SerializedFabricMixin:
             del strategy.load_checkpoint  # the instance attribute: the class's method shows through again
 
     def _load_in_turn(
-        self,
-        settings: SerializedLoading,
-        upstream: Callable[..., dict[str, Any]],
-        path: Any,
-        state: Any,
-        strict: bool,
-        weights_only: Any,
+        self, settings: SerializedLoading, upstream: _Load, path: Any, state: Any, strict: bool, weights_only: Any
     ) -> dict[str, Any]:
         """(all ranks) Upstream's ``strategy.load_checkpoint`` in this rank's turn, on the checkpoint read with the
         restore's reader; then, every rank at once, copy what the rank keeps out of the mapping."""
@@ -149,13 +135,7 @@ class SerializedFabricMixin:
         return remainder
 
     def _load_fsdp(
-        self,
-        settings: SerializedLoading,
-        upstream: Callable[..., dict[str, Any]],
-        path: Any,
-        state: Any,
-        strict: bool,
-        weights_only: Any,
+        self, settings: SerializedLoading, upstream: _Load, path: Any, state: Any, strict: bool, weights_only: Any
     ) -> dict[str, Any]:
         """(all ranks together) FSDP's ``load_checkpoint``: a full checkpoint into a state holding one FSDP model is
         read memory-mapped (``_fsdp.py``: every rank copies only its shard of the weights and of the optimizer
@@ -205,7 +185,7 @@ class SerializedFabricMixin:
 
     def _run_upstream(
         self,
-        upstream: Callable[..., dict[str, Any]],
+        upstream: _Load,
         loaded: LoadedCheckpoint,
         path: Any,
         state: Any,
