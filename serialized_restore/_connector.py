@@ -17,67 +17,30 @@ then ``resume_end`` drops the cached checkpoint dict. Upstream, every rank holds
 * stage 2, in the rank's turn: the optimizer state is handed to the optimizers (``_prepare_optimizer_states``), and
   the rest of the cached dict is dropped at the end of the turn.
 
-Strategies whose restore runs collectives, which cannot run inside a turn, take other paths (``_choose_path``).
-
-Where things live: a restore's state (its path through the code, its schedule, how the file was read, where the
-optimizer state will come from) is one ``_Restore`` object, created when stage 1 starts and dropped at
-``resume_end``.
+Strategies whose restore runs collectives, which cannot run inside a turn, take other paths (``_strategy_path.py``).
+A restore's state is one ``_Restore``, created when stage 1 starts and dropped at ``resume_end``.
 """
 
 from __future__ import annotations
 
 import atexit
-import enum
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
+from serialized_restore._auto import decide_max_concurrent
 from serialized_restore._flavour import flavour_of
-from serialized_restore._fsdp import FULL, checkpoint_kind, fsdp_strategy_class, load_full_checkpoint, upstream_reason
-from serialized_restore._options import RestoreOptions
-from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size, placement_of
+from serialized_restore._fsdp import FULL, checkpoint_kind, load_full_checkpoint, upstream_reason
+from serialized_restore._optimizer_state import Fingerprint, OptimizerSource, load_in_place
+from serialized_restore._options import SerializedLoading
 from serialized_restore._readers import LoadedCheckpoint, copy_kept_out_of_mapping, read_checkpoint, storages_of
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
+from serialized_restore._strategy_path import StrategyPath, job_schedule, placement_of, strategy_path
 from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
 
-# series: remote
 STAGE_FETCH = "fetch checkpoint"
-# series: end
 STAGE_MODULES = "restore modules and callbacks"
 STAGE_TRAINING_STATE = "restore training state"
-
-# the methods through which a strategy restores; a subclass that overrides any of them may run collectives there
-_RESTORE_METHODS = ("load_checkpoint", "load_model_state_dict", "load_optimizer_state_dict")
-
-
-class RestorePath(enum.Enum):
-    """How the option restores with the trainer's strategy (``_choose_path``)."""
-
-    TURNS = "turns"
-    """Single device and the DDP family: both stages in per-node turns."""
-    # series: fsdp
-    FSDP_FULL = "fsdp-full"
-    """FSDP and a full checkpoint: every rank together, memory-mapped (``_fsdp.py``)."""
-    # series: end
-    UPSTREAM = "upstream"
-    """Anything else, or the option off: upstream's restore, untouched."""
-
-
-class OptimizerSource(enum.Enum):
-    """Where stage 2 takes the optimizer state from (fit only)."""
-
-    IN_DICT = "in the dict"
-    """Already in private memory in the cached dict (read eagerly and changed by a hook, or the strategy's own
-    copy)."""
-    # series: mmap
-    COPY_FROM_MAPPING = "copy from the mapping"
-    """Views of the memory-mapped file: handed to the optimizers, and what they keep of it copied into private memory
-    in the rank's stage-2 turn."""
-    # series: end
-    READ_AGAIN = "read again"
-    """Read eagerly and dropped after stage 1 (no hook changed it): read the file again in the stage-2 turn."""
 
 
 @dataclass
@@ -90,23 +53,22 @@ class _Restore:
     """
 
     path: Any
-    how: RestorePath
+    settings: SerializedLoading
+    how: StrategyPath
+    """``TURNS``, or ``FSDP`` with a full checkpoint."""
     weights_only: bool | None
     fitting: bool
     schedule: TurnSchedule | None = None
     """Stage 1's schedule, taken by stage 2 (``TURNS`` only); ``None`` once stage 2 started or after a failure."""
-    # series: remote
     local_copy: NodeLocalCopy | None = None
     """The node's private copy of a remote checkpoint, removed once every rank ended stage 2."""
-    # series: end
     reading: bool = False
     """Inside stage 1's ``resume_start``: read with this restore's reader, not upstream's."""
     loaded: LoadedCheckpoint | None = None
     """How stage 1 read the file (the dict itself lives in ``_loaded_checkpoint``, as upstream)."""
     optimizer_source: OptimizerSource = OptimizerSource.IN_DICT
-    fingerprint: _Fingerprint | None = None
+    fingerprint: Fingerprint | None = None
     """Of the eagerly read optimizer state before the hooks ran, until stage 1's turn ends."""
-    failed: bool = False
 
     @property
     def reader(self) -> str:
@@ -114,10 +76,8 @@ class _Restore:
 
     def read_path(self) -> Any:
         """Where the rank reads: the path given, or the checked copy the restore made of it."""
-        # series: remote
         if self.local_copy is not None:
             return self.local_copy.checked_path()
-        # series: end
         return self.path
 
 
@@ -131,9 +91,9 @@ class _SerializedCheckpointConnectorMixin:
     _loaded_checkpoint: dict[str, Any]
     _ckpt_path: Any
 
-    def __init__(self, trainer: Any, options: RestoreOptions) -> None:
+    def __init__(self, trainer: Any, settings: SerializedLoading | None) -> None:
         super().__init__(trainer)  # type: ignore[call-arg]
-        self._options = options
+        self._settings = settings
         self._restore: _Restore | None = None
         self._warned_strategies: set[type] = set()
         flavour = flavour_of(self)
@@ -158,29 +118,26 @@ class _SerializedCheckpointConnectorMixin:
             # an earlier restore whose resume_end never ran (its run failed between the stages): free what it holds
             self._abandon(self._restore)
         self._restore = None
-        how = self._choose_path(checkpoint_path) if checkpoint_path and self._options.enabled else RestorePath.UPSTREAM
-        if how is RestorePath.UPSTREAM:
+        how = self._choose_path(checkpoint_path) if checkpoint_path else StrategyPath.UPSTREAM
+        if how is StrategyPath.UPSTREAM:
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
             return
-        restore = self._restore = _Restore(checkpoint_path, how, weights_only, self._fitting())
-        # series: fsdp
-        if how is RestorePath.FSDP_FULL:
+        assert self._settings is not None  # the option is on: the path is not UPSTREAM
+        restore = self._restore = _Restore(checkpoint_path, self._settings, how, weights_only, self._fitting())
+        if how is StrategyPath.FSDP:
             self._restore_fsdp_full(restore)
             return
-        # series: end
         # as upstream's resume_start does first, also on a rank whose turn never comes because another rank failed
         self._ckpt_path = checkpoint_path
         try:
-            # series: remote
             if is_remote(checkpoint_path):
                 self._fetch(restore)
-            # series: end
-            # series: auto
-            schedule = self._make_schedule(checkpoint_path, self._decide_max_concurrent(restore))
-            # series: before auto
-            # assert self._options.max_concurrent is not None  # the option is on
-            # schedule = self._make_schedule(checkpoint_path, self._options.max_concurrent)
-            # series: end
+            source = restore.local_copy.path if restore.local_copy is not None else checkpoint_path
+            placement = self._placement()
+            k = decide_max_concurrent(
+                restore.settings, self.trainer.strategy, placement, restore.path, source, self._log
+            )
+            schedule = self._make_schedule(restore, k)
             with schedule.turn(STAGE_MODULES) as record:
                 restore.reading = True
                 try:
@@ -195,14 +152,13 @@ class _SerializedCheckpointConnectorMixin:
             raise
         restore.schedule = schedule
 
-    # series: remote
     def _fetch(self, restore: _Restore) -> None:
         """(all ranks) Local rank 0 of each node downloads the remote checkpoint into a new private directory; every
         rank of the node takes its path from the store and checks it, in a second round, so that a refusal on any
         rank ends the restore on every rank."""
-        schedule = self._make_schedule(restore.path, local_world_size(self.trainer.strategy))
+        schedule = self._make_schedule(restore)
         # SerializedLoading.tmpdir, else the system's temporary directory
-        restore.local_copy = copy = NodeLocalCopy(restore.path, self._options.tmpdir, self._log)
+        restore.local_copy = copy = NodeLocalCopy(restore.path, restore.settings.tmpdir, self._log)
         if self.trainer.local_rank == 0:
             # last resort for a job that dies between the stages: the copy never outlives the process
             atexit.register(copy.remove)
@@ -210,14 +166,10 @@ class _SerializedCheckpointConnectorMixin:
         with schedule.turn(STAGE_CHECK):
             copy.adopt(decision)
 
-    # series: end
-
     def _abandon(self, restore: _Restore) -> None:
         """(each rank, after a failed stage) Free what the restore holds; resume_end won't run."""
         self._loaded_checkpoint = {}
-        restore.failed = True
         restore.schedule = restore.loaded = restore.fingerprint = None
-        # series: remote
         self._remove_local_copy(restore)
 
     def _remove_local_copy(self, restore: _Restore) -> None:
@@ -225,9 +177,7 @@ class _SerializedCheckpointConnectorMixin:
         if copy is not None and self.trainer.local_rank == 0:
             copy.remove()
             atexit.unregister(copy.remove)
-        # series: end
 
-    # series: fsdp
     def _restore_fsdp_full(self, restore: _Restore) -> None:
         """(all ranks together) Stage 1 for FSDP and a full checkpoint: see ``_fsdp.py``; no turns (collectives).
 
@@ -247,7 +197,6 @@ class _SerializedCheckpointConnectorMixin:
         finally:
             restore.reading = False
 
-    # series: end
     def resume_start(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
         """Upstream's ``resume_start``, except inside a serialized restore's stage 1: then read the restore's way (for
         ``TURNS``, with ``_read`` in the rank's turn)."""
@@ -257,31 +206,21 @@ class _SerializedCheckpointConnectorMixin:
             return
         self._ckpt_path = checkpoint_path
         self._rank_zero_info(f"Restoring states from the checkpoint path at {checkpoint_path}")
-        # series: fsdp
-        if restore.how is RestorePath.FSDP_FULL:
+        if restore.how is StrategyPath.FSDP:
+            schedule = self._make_schedule(restore)
             strategy = self.trainer.strategy
-            schedule = self._make_schedule(checkpoint_path, local_world_size(strategy))
             checkpoint = load_full_checkpoint(strategy, checkpoint_path, weights_only, restore.fitting, schedule)
             restore.loaded = LoadedCheckpoint({}, "mmap", 0)
             self._loaded_checkpoint = self._migrate(checkpoint, checkpoint_path)
             return
-        # series: end
-        # series: mmap
-        restore.loaded = self._read(restore, self._options.reader)
-        # series: before mmap
-        # restore.loaded = self._read(restore)
-        # series: end
+        restore.loaded = self._read(restore, restore.settings.reader)
         self._loaded_checkpoint = restore.loaded.checkpoint
         restore.loaded.checkpoint = {}  # the dict lives in _loaded_checkpoint only
         if restore.fitting:
-            # series: mmap
             if restore.reader == "mmap":
                 restore.optimizer_source = OptimizerSource.COPY_FROM_MAPPING
             else:
-                restore.fingerprint = _Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
-            # series: before mmap
-            # restore.fingerprint = _Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
-            # series: end
+                restore.fingerprint = Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
 
     def _release_after_modules(self, restore: _Restore) -> None:
         """(one rank, end of its stage-1 turn) Drop what the second stage does not need."""
@@ -293,7 +232,7 @@ class _SerializedCheckpointConnectorMixin:
             checkpoint.pop("optimizer_states", None)
             checkpoint.pop("lr_schedulers", None)
         elif restore.fingerprint is not None and "optimizer_states" in checkpoint:
-            if _Fingerprint(checkpoint["optimizer_states"]) == restore.fingerprint:
+            if Fingerprint(checkpoint["optimizer_states"]) == restore.fingerprint:
                 del checkpoint["optimizer_states"]
                 restore.optimizer_source = OptimizerSource.READ_AGAIN
             else:
@@ -325,10 +264,9 @@ class _SerializedCheckpointConnectorMixin:
         restore.schedule = None
         try:
             in_turns = restore.fitting and (
-                restore.optimizer_source is OptimizerSource.READ_AGAIN or not _load_in_place(self.trainer.optimizers)
+                restore.optimizer_source is OptimizerSource.READ_AGAIN or not load_in_place(self.trainer.optimizers)
             )
             with schedule.turn(STAGE_TRAINING_STATE, ordered=in_turns, logged=restore.fitting) as record:
-                # series: mmap
                 mapped = self._prepare_optimizer_states(restore, record)
                 try:
                     super().restore_training_state()  # type: ignore[misc]
@@ -336,20 +274,13 @@ class _SerializedCheckpointConnectorMixin:
                     # also when a later step failed: no optimizer keeps pages of the file (which may be deleted)
                     if mapped:
                         record.bytes_copied = copy_kept_out_of_mapping(self.trainer.optimizers, mapped)
-                # series: before mmap
-                # self._prepare_optimizer_states(restore, record)
-                # super().restore_training_state()  # type: ignore[misc]
-                # series: end
                 self._loaded_checkpoint = {}
         except BaseException:
             self._abandon(restore)
             raise
-        # series: remote
         # every rank of the job has ended the stage: nobody reads the local copy any more
         self._remove_local_copy(restore)
-        # series: end
 
-    # series: mmap
     def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> set[int]:
         """Give the cached dict its optimizer state: read it again where stage 1 dropped it (counted in ``record``);
         memory-mapped, return the storages of the file it hands the optimizers, whose tensors the optimizers keep are
@@ -366,45 +297,19 @@ class _SerializedCheckpointConnectorMixin:
             return storages_of(self._loaded_checkpoint["optimizer_states"])
         return set()
 
-    # series: before mmap
-    # def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> None:
-    #     """Give the cached dict its optimizer state: read it again where stage 1 dropped it (counted in ``record``).
-    #     It stays as stage 1 left it where a hook changed it."""
-    #     if not restore.fitting:
-    #         return
-    #     source, restore.optimizer_source = restore.optimizer_source, OptimizerSource.IN_DICT
-    #     if source is OptimizerSource.READ_AGAIN:
-    #         reread = self._read(restore)
-    #         self._loaded_checkpoint["optimizer_states"] = reread.checkpoint["optimizer_states"]
-    #         record.bytes_read, record.reader = reread.bytes_read, reread.reader
-    #
-    # series: end
-
     def resume_end(self) -> None:
-        # series: remote
         restore, self._restore = self._restore, None
         if restore is not None:
             self._remove_local_copy(restore)
-        # series: before remote
-        # self._restore = None
-        # series: end
         super().resume_end()  # type: ignore[misc]
 
     # ------------------------------------------------------------- helpers
 
-    # series: mmap
     def _read(self, restore: _Restore, reader: str) -> LoadedCheckpoint:
         """(one rank, inside its turn) Read and migrate the whole checkpoint with ``reader``."""
         strategy, source = self.trainer.strategy, restore.read_path()
         with flavour_of(self).import_("utilities.migration", "pl_legacy_patch")():
             loaded = read_checkpoint(strategy, source, restore.weights_only, reader, self._log)
-        # series: before mmap
-        # def _read(self, restore: _Restore) -> LoadedCheckpoint:
-        #     """(one rank, inside its turn) Read and migrate the whole checkpoint."""
-        #     strategy, source = self.trainer.strategy, restore.read_path()
-        #     with flavour_of(self).import_("utilities.migration", "pl_legacy_patch")():
-        #         loaded = read_checkpoint(strategy, source, restore.weights_only)
-        # series: end
         loaded.checkpoint = self._migrate(loaded.checkpoint, restore.path)
         return loaded
 
@@ -418,138 +323,25 @@ class _SerializedCheckpointConnectorMixin:
     def _rank_zero_info(self, message: str) -> None:
         flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(message)
 
-    def _choose_path(self, checkpoint_path: Any) -> RestorePath:
-        """(all ranks) How the option restores with this strategy (``RestorePath``).
-
-        In turns only where the strategy restores without collectives: single device and the DDP family. A subclass
-        that overrides a restore method of its base may run collectives there, so it, and any other strategy without
-        a path of its own, is restored as upstream with one warning on rank zero.
-        """
+    def _choose_path(self, checkpoint_path: Any) -> StrategyPath:
+        """(all ranks) How the option restores with this strategy (``_strategy_path.py``); FSDP only with a full
+        checkpoint."""
+        if self._settings is None:
+            return StrategyPath.UPSTREAM
         strategy = self.trainer.strategy
-        flavour = flavour_of(self)
-        bases: list[type] = [
-            flavour.import_("strategies", "DDPStrategy"),
-            flavour.import_("strategies", "SingleDeviceStrategy"),
-        ]
-        # series: fsdp
-        fsdp = fsdp_strategy_class(strategy)
-        bases.append(fsdp)
-        # series: end
-        base = next((b for b in bases if isinstance(strategy, b)), None)
-        overridden = [m for m in _RESTORE_METHODS if getattr(type(strategy), m) is not getattr(base, m)] if base else []
-        # series: fsdp
-        if base is fsdp and not overridden:
+        how = strategy_path(strategy, "Trainer", self.trainer.serialized_checkpoint_loading, self._warned_strategies)
+        if how is StrategyPath.FSDP:
             # FSDP's own load_checkpoint broadcasts the path from rank 0 first: every rank decides on the same path
             kind, why = checkpoint_kind(strategy, strategy.broadcast(checkpoint_path))
-            if kind == FULL:
-                return RestorePath.FSDP_FULL
-            self._rank_zero_info(upstream_reason(kind, why, "restore"))
-            return RestorePath.UPSTREAM
-        # series: end
-        if base is not None and not overridden and not strategy.restore_checkpoint_after_setup:
-            return RestorePath.TURNS
-        if type(strategy) not in self._warned_strategies:
-            self._warned_strategies.add(type(strategy))
-            why = (
-                f"it overrides {', '.join(overridden)}"
-                if overridden
-                else "its restore may run collectives, which cannot run while ranks take turns"
-            )
-            flavour.import_("utilities.rank_zero", "rank_zero_warn")(
-                f"`Trainer(serialized_checkpoint_loading={self._options.value!r})` has no effect with"
-                f" {type(strategy).__name__}: {why}. The checkpoint is restored as upstream Lightning does."
-            )
-        return RestorePath.UPSTREAM
+            if kind != FULL:
+                self._rank_zero_info(upstream_reason(kind, why, "restore"))
+                return StrategyPath.UPSTREAM
+        return how
 
-    # series: auto
-    def _decide_max_concurrent(self, restore: _Restore) -> int:
-        """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it (``_plan.py``)."""
-        source = restore.path
-        # series: remote
-        if restore.local_copy is not None:
-            source = restore.local_copy.path
-        # series: end
-        return decide_max_concurrent(
-            self._options, self.trainer.strategy, self._placement(), restore.path, source, self._log
-        )
-
-    # series: end
-
-    def _make_schedule(self, checkpoint_path: Any, max_concurrent: int) -> TurnSchedule:
-        """(all ranks) A schedule over the job's default store (none for a single process)."""
-        return job_schedule(self._placement(), checkpoint_path, max_concurrent, self._options, self._log)
+    def _make_schedule(self, restore: _Restore, max_concurrent: int | None = None) -> TurnSchedule:
+        """(all ranks) A schedule over the job's default store (none for a single process); by default every local
+        rank at once."""
+        return job_schedule(self._placement(), restore.path, restore.settings, self._log, max_concurrent)
 
     def _placement(self) -> RankPlacement:
         return placement_of(self.trainer, self.trainer.strategy)
-
-
-class _Fingerprint:
-    """A cheap structural snapshot: tensors by identity and version counter, plain leaves by value.
-
-    Two snapshots are equal when nothing was added, removed, replaced or changed in place in between. The tensors
-    themselves are referenced so that their ``id`` cannot be reused while the snapshot lives.
-    """
-
-    def __init__(self, obj: Any) -> None:
-        self.shape: list[Any] = []
-        self._tensors: list[torch.Tensor] = []
-        self._visit(obj)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Fingerprint) and self.shape == other.shape
-
-    def _visit(self, value: Any) -> None:
-        out = self.shape
-        if isinstance(value, torch.Tensor):
-            self._tensors.append(value)
-            out.append(("tensor", id(value), value._version))
-        elif isinstance(value, dict):
-            out.append(("dict", len(value)))
-            for key, item in value.items():
-                out.append(key)
-                self._visit(item)
-        elif isinstance(value, (list, tuple)):
-            out.append((type(value), len(value)))
-            for item in value:
-                self._visit(item)
-        elif value is None or isinstance(value, (bool, int, float, str, bytes)):
-            out.append(value)
-        else:
-            out.append(("object", id(value)))
-
-
-def _load_in_place(optimizers: list[Any]) -> bool:
-    """Whether every optimizer's ``load_state_dict`` is torch's own, which keeps each given state tensor (or a copy
-    of it on the parameter's device or in its dtype) and allocates nothing it frees again."""
-    return all(type(optimizer).load_state_dict is torch.optim.Optimizer.load_state_dict for optimizer in optimizers)
-
-
-def disable_checkpoint_callbacks(trainer: Any) -> None:
-    """(each rank, a restore failed half-way) Keep checkpoint callbacks from saving the partly restored model while
-    Lightning handles the exception (its ``on_exception`` hooks).
-
-    Only the callbacks that can save in ``on_exception`` are removed from ``trainer.callbacks`` (a ``ModelCheckpoint``
-    with ``save_on_exception=True``, an ``OnExceptionCheckpoint``, or any checkpoint callback that overrides
-    ``on_exception``), with one warning naming them: for all others, and so by default, nothing changes.
-    """
-    flavour = flavour_of(trainer)
-    checkpoint_cls = flavour.import_("callbacks", "Checkpoint")
-    model_checkpoint_cls = flavour.import_("callbacks", "ModelCheckpoint")
-    callback_cls = flavour.import_("callbacks", "Callback")
-
-    def saves_on_exception(callback: Any) -> bool:
-        own = type(callback).on_exception
-        if own is callback_cls.on_exception:
-            return False
-        if own is model_checkpoint_cls.on_exception:
-            return bool(getattr(callback, "save_on_exception", False))
-        return True
-
-    disabled = [cb for cb in trainer.callbacks if isinstance(cb, checkpoint_cls) and saves_on_exception(cb)]
-    if not disabled:
-        return
-    trainer.callbacks = [cb for cb in trainer.callbacks if cb not in disabled]
-    flavour.import_("utilities.rank_zero", "rank_zero_warn")(
-        f"The checkpoint restore failed, so {', '.join(type(cb).__name__ for cb in disabled)} will not save a"
-        " checkpoint of the partly restored model."
-    )

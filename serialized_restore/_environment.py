@@ -9,76 +9,60 @@ object only), so nothing outside this module does.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from serialized_restore._options import READERS, RestoreOptions, settings_of
+from serialized_restore._options import READERS, SerializedLoading, settings_of
 
-TURN_TIMEOUT_ENV = "SERIALIZED_RESTORE_TURN_TIMEOUT"
-HEARTBEAT_TIMEOUT_ENV = "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT"
-READER_ENV = "SERIALIZED_RESTORE_READER"
-AVAILABLE_MEMORY_ENV = "SERIALIZED_RESTORE_AVAILABLE_MEMORY"
-TMPDIR_ENV = "SERIALIZED_RESTORE_TMPDIR"
 ENVIRONMENT_OVERRIDES = {
-    TURN_TIMEOUT_ENV: "SerializedLoading.turn_timeout",
-    HEARTBEAT_TIMEOUT_ENV: "SerializedLoading.heartbeat_timeout",
-    READER_ENV: "SerializedLoading.reader",
-    TMPDIR_ENV: "SerializedLoading.tmpdir",
-    AVAILABLE_MEMORY_ENV: "SerializedLoading.available_memory",
+    "SERIALIZED_RESTORE_TURN_TIMEOUT": "SerializedLoading.turn_timeout",
+    "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT": "SerializedLoading.heartbeat_timeout",
+    "SERIALIZED_RESTORE_READER": "SerializedLoading.reader",
+    "SERIALIZED_RESTORE_TMPDIR": "SerializedLoading.tmpdir",
+    "SERIALIZED_RESTORE_AVAILABLE_MEMORY": "SerializedLoading.available_memory",
 }
 """Every environment variable the package reads, and the field it overrides."""
 
 
-def options_from(value: object, owner: str = "Trainer", environ: Mapping[str, str] = os.environ) -> RestoreOptions:
-    """:meth:`RestoreOptions.parse` of ``value``, with the fields the environment sets overridden; a malformed
-    variable raises ``ValueError`` naming it, on every rank, when the ``Trainer`` or ``Fabric`` is built."""
-    settings = settings_of(value, owner)
-    if settings is None:
-        return RestoreOptions.from_settings(value, None, owner)
-    overrides: dict[str, Any] = {}
-    for name, field in ((TURN_TIMEOUT_ENV, "turn_timeout"), (HEARTBEAT_TIMEOUT_ENV, "heartbeat_timeout")):
-        seconds = _positive_seconds(environ, name)
-        if seconds is not None:
-            overrides[field] = seconds
-    reader = environ.get(READER_ENV, "").strip().lower()
-    if reader:
-        if reader not in READERS:
-            raise ValueError(f"`{READER_ENV}={reader!r}` is not supported. Accepted values: {', '.join(READERS)}.")
-        overrides["reader"] = reader
-    tmpdir = environ.get(TMPDIR_ENV, "").strip()
-    if tmpdir:
-        overrides["tmpdir"] = tmpdir
-    memory = _bytes(environ, AVAILABLE_MEMORY_ENV)
-    if memory is not None:
-        overrides["available_memory"] = memory
-    return RestoreOptions.from_settings(value, dataclasses.replace(settings, **overrides), owner)
-
-
-def _positive_seconds(environ: Mapping[str, str], name: str) -> float | None:
-    raw = environ.get(name, "").strip()
-    if not raw:
+def options_from(
+    value: object, owner: str = "Trainer", environ: Mapping[str, str] = os.environ
+) -> SerializedLoading | None:
+    """:func:`~serialized_restore._options.settings_of` ``value``, with the fields the environment sets overridden;
+    a malformed variable raises ``ValueError`` naming it, on every rank, when the ``Trainer`` or ``Fabric`` is
+    built."""
+    if value is False:
         return None
+    overrides: dict[str, Any] = {}
+    for name, field in ENVIRONMENT_OVERRIDES.items():
+        raw = environ.get(name, "").strip()
+        if raw:
+            overrides[field.split(".")[1]] = _parse(name, field.split(".")[1], raw)
+    return settings_of(value, owner, **overrides)
+
+
+def _parse(name: str, field: str, raw: str) -> Any:
+    """The value of the variable ``name`` for ``field``; a ``ValueError`` quoting it and what is expected."""
+    if field == "tmpdir":
+        return raw
+    if field == "reader":
+        if raw.lower() not in READERS:
+            raise ValueError(f"`{name}={raw.lower()!r}` is not supported. Accepted values: {', '.join(READERS)}.")
+        return raw.lower()
+    if field == "available_memory":
+        try:
+            count = int(float(raw))
+        except ValueError as err:
+            raise ValueError(f"`{name}={raw!r}` is not a number of bytes, e.g. 17179869184.") from err
+        if count < 0:
+            raise ValueError(f"`{name}={raw!r}` must not be negative.")
+        return count
     try:
-        value = float(raw)
+        seconds = float(raw)
     except ValueError as err:
         raise ValueError(
             f"`{name}={raw!r}` is not a number of seconds. Set it to a positive number, e.g. 600."
         ) from err
-    if not value > 0:
+    if not seconds > 0:
         raise ValueError(f"`{name}={raw!r}` must be a positive number of seconds, e.g. 600.")
-    return value
-
-
-def _bytes(environ: Mapping[str, str], name: str) -> int | None:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(float(raw))
-    except ValueError as err:
-        raise ValueError(f"`{name}={raw!r}` is not a number of bytes, e.g. 17179869184.") from err
-    if value < 0:
-        raise ValueError(f"`{name}={raw!r}` must not be negative.")
-    return value
+    return seconds

@@ -2,21 +2,13 @@
 
 Under DDP every local rank calls ``strategy.load_checkpoint``, which reads the whole file into private memory at
 once: N x S per node. With ``Fabric(serialized_checkpoint_loading=...)`` each rank runs upstream's own
-``strategy.load_checkpoint`` inside its turn (``_turns.py``), on the checkpoint read memory-mapped where it can be
-(``_readers.choose_reader``), and then, with the node's other ranks at once (a second, unordered stage: it
-allocates only what the rank keeps), copies into private memory what the rank keeps of the mapped file:
-
-* modules: ``load_state_dict`` copies into the parameters and buffers already (nothing else is kept);
-* optimizers: the tensors they still hold after ``load_state_dict`` (``copy_kept_out_of_mapping``: a sharded
-  optimizer's shard, nothing for state moved to a GPU);
-* other stateful objects (``state_dict`` / ``load_state_dict``): their entry, copied before it is handed to them;
-* plain values put into ``state`` and the returned remainder: every tensor in them.
-
-So nothing the caller holds after ``load`` is backed by the file, and a rank waiting for its turn holds nothing of
-the checkpoint. The schedule, the readers and the errors are the Trainer's; the rules for strategies are too: single
-device and the DDP family in turns; FSDP with a full checkpoint with its ranks together, memory-mapped, each rank
-copying only its shard (``_fsdp.py``), and with a sharded one as upstream (each rank reads its own shards); any
-strategy that overrides ``load_checkpoint`` or ``load_module_state_dict``, as upstream.
+``strategy.load_checkpoint`` inside its turn, on the checkpoint read memory-mapped where it can be, and then, with
+the node's other ranks at once (it allocates only what the rank keeps), copies into private memory what the rank
+keeps of the mapped file: what the optimizers hold after ``load_state_dict``, the entries of other stateful objects
+(before they get them), the plain values put into ``state`` and the returned remainder. Modules copy into their
+parameters already. So nothing the caller holds after ``load`` is backed by the file, and a rank waiting for its turn
+holds nothing of the checkpoint. Strategies follow the Trainer's rule (``_strategy_path.py``); FSDP with a full
+checkpoint loads with its ranks together, memory-mapped (``_fsdp.py``).
 """
 
 from __future__ import annotations
@@ -29,10 +21,11 @@ from typing import Any, Callable
 
 import torch
 
+from serialized_restore._auto import decide_max_concurrent
 from serialized_restore._environment import options_from
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, checkpoint_kind, load_optimizer_states, load_weights, upstream_reason
-from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size, placement_of
+from serialized_restore._options import SerializedLoading
 from serialized_restore._readers import (
     LoadedCheckpoint,
     copy_kept_out_of_mapping,
@@ -42,12 +35,13 @@ from serialized_restore._readers import (
     read_checkpoint,
     storages_of,
 )
+from serialized_restore._strategy_path import StrategyPath, job_schedule, placement_of, strategy_path
 from serialized_restore._trainer import SerializedCheckpointLoading
 
 STAGE_LOAD = "load checkpoint"
 STAGE_COPY = "copy what is kept"
-_LOAD_METHODS = ("load_checkpoint", "load_module_state_dict")
-"""Strategy methods whose override may run collectives inside a load (which cannot run while ranks take turns)."""
+_Load = Callable[..., dict[str, Any]]
+"""Upstream's ``strategy.load_checkpoint``."""
 
 
 class SerializedFabricMixin:
@@ -66,9 +60,10 @@ class SerializedFabricMixin:
     def __init__(
         self, *args: Any, serialized_checkpoint_loading: SerializedCheckpointLoading = False, **kwargs: Any
     ) -> None:
-        options = options_from(serialized_checkpoint_loading, owner="Fabric")
+        settings = options_from(serialized_checkpoint_loading, owner="Fabric")
         super().__init__(*args, **kwargs)
-        self._serialized_loading = options
+        self._serialized_value = serialized_checkpoint_loading
+        self._serialized_settings = settings
         self._serialized_warned: set[type] = set()
         self._serialized_log = logging.getLogger(f"{flavour_of(self).fabric}.serialized_restore")
 
@@ -93,17 +88,20 @@ class SerializedFabricMixin:
     @contextlib.contextmanager
     def _loading_in_turns(self) -> Iterator[None]:
         """While upstream's ``load`` / ``load_raw`` runs, its call of ``strategy.load_checkpoint`` becomes a turn."""
-        strategy = self._strategy
-        how = self._how_strategy_loads(strategy) if self._serialized_loading.enabled else None
-        if how is None:
+        strategy, settings = self._strategy, self._serialized_settings
+        if settings is None or (
+            (way := strategy_path(strategy, "Fabric", self._serialized_value, self._serialized_warned))
+            is StrategyPath.UPSTREAM
+        ):
             yield
             return
+        how = self._load_fsdp if way is StrategyPath.FSDP else self._load_in_turn
         upstream = strategy.load_checkpoint
 
         def load_checkpoint(
             path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
         ) -> dict[str, Any]:
-            return how(upstream, path, state, strict, weights_only)
+            return how(settings, upstream, path, state, strict, weights_only)
 
         strategy.load_checkpoint = load_checkpoint
         try:
@@ -112,17 +110,17 @@ class SerializedFabricMixin:
             del strategy.load_checkpoint  # the instance attribute: the class's method shows through again
 
     def _load_in_turn(
-        self, upstream: Callable[..., dict[str, Any]], path: Any, state: Any, strict: bool, weights_only: Any
+        self, settings: SerializedLoading, upstream: _Load, path: Any, state: Any, strict: bool, weights_only: Any
     ) -> dict[str, Any]:
         """(all ranks) Upstream's ``strategy.load_checkpoint`` in this rank's turn, on the checkpoint read with the
         restore's reader; then, every rank at once, copy what the rank keeps out of the mapping."""
-        options, strategy, log = self._serialized_loading, self._strategy, self._serialized_log
+        strategy, log = self._strategy, self._serialized_log
         placement = placement_of(self, strategy)
-        k = decide_max_concurrent(options, strategy, placement, path, path, log, owner="Fabric")
-        schedule = job_schedule(placement, path, k, options, log)
+        k = decide_max_concurrent(settings, strategy, placement, path, path, log, owner="Fabric")
+        schedule = job_schedule(placement, path, settings, log, k)
         with schedule.turn(STAGE_LOAD) as record:
             loaded = read_checkpoint(
-                strategy, path, weights_only, options.reader, log, read_eagerly=strategy.checkpoint_io.load_checkpoint
+                strategy, path, weights_only, settings.reader, log, read_eagerly=strategy.checkpoint_io.load_checkpoint
             )
             record.bytes_read, record.reader = loaded.bytes_read, loaded.reader
             mapped = storages_of(loaded.checkpoint) if loaded.reader == "mmap" else set()
@@ -137,7 +135,7 @@ class SerializedFabricMixin:
         return remainder
 
     def _load_fsdp(
-        self, upstream: Callable[..., dict[str, Any]], path: Any, state: Any, strict: bool, weights_only: Any
+        self, settings: SerializedLoading, upstream: _Load, path: Any, state: Any, strict: bool, weights_only: Any
     ) -> dict[str, Any]:
         """(all ranks together) FSDP's ``load_checkpoint``: a full checkpoint into a state holding one FSDP model is
         read memory-mapped (``_fsdp.py``: every rank copies only its shard of the weights and of the optimizer
@@ -165,9 +163,7 @@ class SerializedFabricMixin:
         )
         ((module_key, module),) = modules.items()
         optimizers = {key: obj for key, obj in state.items() if isinstance(obj, torch.optim.Optimizer)}
-        schedule = job_schedule(
-            placement_of(self, strategy), path, local_world_size(strategy), self._serialized_loading, log
-        )
+        schedule = job_schedule(placement_of(self, strategy), path, settings, log)
         checkpoint = load_mmap(path, "cpu", False)
         mapped = storages_of(checkpoint)
         load_weights(strategy, checkpoint.pop(module_key), module, strict=strict)
@@ -189,7 +185,7 @@ class SerializedFabricMixin:
 
     def _run_upstream(
         self,
-        upstream: Callable[..., dict[str, Any]],
+        upstream: _Load,
         loaded: LoadedCheckpoint,
         path: Any,
         state: Any,
@@ -235,35 +231,6 @@ class SerializedFabricMixin:
             optimizers = [obj for obj in state.values() if isinstance(obj, torch.optim.Optimizer)]
             containers += [*optimizer_containers(optimizers), state]
         return copy_out_of_mapping(containers, mapped)
-
-    def _how_strategy_loads(self, strategy: Any) -> Callable[..., dict[str, Any]] | None:
-        """The load that replaces the strategy's: in turns for single device and the DDP family, unless a subclass
-        overrides a load method; FSDP's own, with a full checkpoint memory-mapped; ``None`` (upstream's, with one
-        warning) for other strategies."""
-        flavour = flavour_of(self)
-        ddp, single, fsdp = (
-            flavour.import_("strategies", name, fabric=True)
-            for name in ("DDPStrategy", "SingleDeviceStrategy", "FSDPStrategy")
-        )
-        base = next((b for b in (ddp, single, fsdp) if isinstance(strategy, b)), None)
-        overridden = [m for m in _LOAD_METHODS if base and getattr(type(strategy), m) is not getattr(base, m)]
-        if base is fsdp and not overridden:
-            return self._load_fsdp
-        if base is not None and not overridden:
-            return self._load_in_turn
-        if type(strategy) in self._serialized_warned:
-            return None
-        self._serialized_warned.add(type(strategy))
-        why = (
-            f"it overrides {', '.join(overridden)}"
-            if overridden
-            else "its load may run collectives, which cannot run while ranks take turns"
-        )
-        flavour.import_("utilities.rank_zero", "rank_zero_warn", fabric=True)(
-            f"`Fabric(serialized_checkpoint_loading={self._serialized_loading.value!r})` has no effect with"
-            f" {type(strategy).__name__}: {why}. The checkpoint is loaded as upstream Lightning does."
-        )
-        return None
 
 
 class _AlreadyRead:

@@ -40,11 +40,6 @@ FULL = "full"
 SHARDED = "sharded"
 
 
-def fsdp_strategy_class(strategy: Any) -> Any:
-    """Lightning's ``FSDPStrategy`` class."""
-    return flavour_of(strategy).import_("strategies", "FSDPStrategy")
-
-
 def checkpoint_kind(strategy: Any, path: Any) -> tuple[str | None, str]:
     """``(FULL, "")`` for a full checkpoint this module can restore, ``(SHARDED, "")`` for a sharded one, else
     ``(None, why)``: upstream's code then restores (or rejects) the path as it always does."""

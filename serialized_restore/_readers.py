@@ -1,4 +1,3 @@
-# series: mmap
 """How checkpoint bytes are read: memory-mapped where possible, else through the strategy's ``CheckpointIO``.
 
 The turn schedule (``_turns.py``) decides *when* a rank reads; this module decides *how*.
@@ -13,13 +12,6 @@ The turn schedule (``_turns.py``) decides *when* a rank reads; this module decid
 
 Both pass ``weights_only`` through unchanged, so its meaning is upstream's.
 """
-# series: before mmap
-# """How checkpoint bytes are read: ``strategy.load_checkpoint(path, weights_only=...)``, exactly what upstream
-# Lightning does (the whole file is unpickled into the rank's private memory).
-#
-# The turn schedule (``turns.py``) decides *when* a rank reads; this module decides *how*.
-# """
-# series: end
 
 from __future__ import annotations
 
@@ -34,11 +26,9 @@ import torch
 
 from serialized_restore._flavour import flavour_of
 
-# series: mmap
 log = logging.getLogger(__name__)
 
 _ZIP_MAGIC = b"PK\x03\x04"
-# series: end
 
 
 @dataclass
@@ -63,6 +53,13 @@ def local_path(path: Any) -> str | None:
     return path
 
 
+def _missing(path: Any) -> bool:
+    """Whether ``path`` is a local path with nothing there: reading it raises upstream's own error, which needs no
+    word about readers before it."""
+    local = local_path(path)
+    return local is not None and not os.path.lexists(local)
+
+
 def _file_size(path: str | None) -> int:
     try:
         return os.path.getsize(path) if path is not None else 0
@@ -70,7 +67,6 @@ def _file_size(path: str | None) -> int:
         return 0
 
 
-# series: mmap
 def path_unmappable_reason(path: Any) -> str | None:
     """Why ``path`` cannot be memory-mapped, or ``None`` if it can: it must be a local file in torch's zip format."""
     local = local_path(path)
@@ -127,7 +123,8 @@ class MmapCheckpointIOMixin:
         reason = path_unmappable_reason(path)
         if reason is None:
             return load_mmap(path, map_location, weights_only)
-        info(f"MmapCheckpointIO: reading {path!r} eagerly instead of memory-mapped: {reason}.")
+        if not _missing(path):
+            info(f"MmapCheckpointIO: reading {path!r} eagerly instead of memory-mapped: {reason}.")
         return super().load_checkpoint(  # type: ignore[misc]
             path, map_location=map_location, weights_only=weights_only
         )
@@ -152,15 +149,14 @@ def _accept_in_every_imported_flavour(cls: type) -> None:
 def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, str | None]:
     """The one rule for how a rank reads ``path``: ``("mmap", None)`` where ``requested`` (``"auto"``, ``"mmap"``
     or ``"eager"``) allows it and the file can be memory-mapped for ``strategy``, else ``("eager", why)``, ``why``
-    being ``None`` when eager reading was requested. ``"auto"``'s memory estimate uses it before anything is read."""
-    if requested == "eager":
+    being ``None`` when eager reading was requested or when there is no file to read (the eager read raises
+    upstream's error). ``"auto"``'s memory estimate uses it before anything is read."""
+    if requested == "eager" or _missing(path):
         return "eager", None
     reason = mmap_unsupported_reason(strategy, path)
     return ("mmap", None) if reason is None else ("eager", reason)
 
 
-# series: end
-# series: mmap
 def read_checkpoint(
     strategy: Any,
     path: Any,
@@ -179,17 +175,6 @@ def read_checkpoint(
     Memory: memory-mapped, the rank's private memory grows by nothing but the unpickled containers (the tensors are
     views of the file's pages in the page cache); eager, by the whole checkpoint (about the file's size).
     """
-    # series: before mmap
-    # def read_checkpoint(
-    #     strategy: Any, path: Any, weights_only: bool | None, read_eagerly: Callable[..., Any] | None = None
-    # ) -> LoadedCheckpoint:
-    #     """(one rank, inside its turn) Read the whole checkpoint: ``read_eagerly(path, weights_only=...)``, by
-    #     default the strategy's ``load_checkpoint``.
-    #
-    #     Memory: the rank's private memory grows by the whole checkpoint (about the file's size).
-    #     """
-    # series: end
-    # series: mmap
     chosen, reason = choose_reader(strategy, path, reader)
     if chosen == "mmap":
         # as TorchCheckpointIO: keep the device each tensor was saved from
@@ -197,12 +182,10 @@ def read_checkpoint(
         return LoadedCheckpoint(checkpoint, "mmap", _file_size(local_path(path)))
     if reason is not None:
         logger.info(f"Reading {path!r} eagerly instead of memory-mapped: {reason}.")
-    # series: end
     checkpoint = (read_eagerly or strategy.load_checkpoint)(path, weights_only=weights_only)
     return LoadedCheckpoint(checkpoint, "eager", _file_size(local_path(path)))
 
 
-# series: mmap
 def _strided_tensors(obj: Any) -> Iterator[torch.Tensor]:
     """Every strided (not sparse) tensor in a nested structure of dicts, lists and tuples."""
     if isinstance(obj, torch.Tensor):
@@ -300,4 +283,3 @@ def copy_out_of_mapping(containers: list[Any], mapped: set[int]) -> int:
         for container in containers:
             replace(container)
     return copied
-    # series: end

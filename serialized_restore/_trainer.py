@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import typing
 from typing import Any, Callable, ClassVar, Literal, Union
 
-from serialized_restore._connector import disable_checkpoint_callbacks
+from serialized_restore._connector import _SerializedCheckpointConnectorMixin
 from serialized_restore._environment import options_from
+from serialized_restore._flavour import STANDALONE, UNIFIED, flavour_of
 from serialized_restore._options import SerializedLoading
 
 try:  # LightningCLI's parser: with it, bad values are refused at parse time with a usage error
@@ -20,6 +22,11 @@ SerializedCheckpointLoading = Union[bool, PositiveInt, Literal["auto"], Serializ
 """The type of ``Trainer(serialized_checkpoint_loading=...)``."""
 
 _PARAMETER = "serialized_checkpoint_loading"
+_ENTRY_POINTS = ("fit", "validate", "test", "predict")
+_IMPORTS = {
+    UNIFIED: "from serialized_restore.lightning import Trainer",
+    STANDALONE: "from serialized_restore import Trainer",
+}
 
 
 class SerializedRestoreTrainerMixin:
@@ -39,43 +46,80 @@ class SerializedRestoreTrainerMixin:
     def __init__(
         self, *args: Any, serialized_checkpoint_loading: SerializedCheckpointLoading = False, **kwargs: Any
     ) -> None:
-        options = options_from(serialized_checkpoint_loading)
+        settings = options_from(serialized_checkpoint_loading)
         super().__init__(*args, **kwargs)
-        self._checkpoint_connector = self._connector_class(self, options)
-        self._serialized_loading = options
+        self._serialized_loading = serialized_checkpoint_loading
+        self._checkpoint_connector = self._connector_class(self, settings)
+        self._replaced_connector_noted = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # the flavour's Trainer itself (its subclasses inherit the result, or define their own ``__init__``)
-        if SerializedRestoreTrainerMixin in cls.__bases__ and "__init__" not in cls.__dict__:
-            cls.__init__ = _with_upstream_signature(cls)  # type: ignore[misc]
+        if SerializedRestoreTrainerMixin in cls.__bases__:
+            if "__init__" not in cls.__dict__:
+                cls.__init__ = _with_upstream_signature(cls)  # type: ignore[method-assign, misc]
+            for name in _ENTRY_POINTS:
+                setattr(cls, name, _naming_the_import(getattr(cls, name)))
 
     def _run(self, *args: Any, **kwargs: Any) -> Any:
+        connector = self._checkpoint_connector
+        # a framework (NeMo, SageMaker HyperPod) may replace the connector with Lightning's own: upstream's restore
+        ours = isinstance(connector, _SerializedCheckpointConnectorMixin)
+        if not ours and self._serialized_loading is not False and not self._replaced_connector_noted:
+            self._replaced_connector_noted = True
+            flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(
+                f"`Trainer(serialized_checkpoint_loading={self._serialized_loading!r})` has no effect: the Trainer's"
+                f" checkpoint connector was replaced by {type(connector).__qualname__}, which restores as upstream."
+            )
         try:
             return super()._run(*args, **kwargs)  # type: ignore[misc]
         except BaseException:
-            if self._checkpoint_connector.restore_incomplete:
+            if ours and connector.restore_incomplete:
                 disable_checkpoint_callbacks(self)
             raise
 
     @property
     def serialized_checkpoint_loading(self) -> SerializedCheckpointLoading:
         """The value the Trainer was built with, as given."""
-        return self._serialized_loading.value  # type: ignore[return-value]
+        return self._serialized_loading  # type: ignore[return-value]
+
+
+def _naming_the_import(entry_point: Callable[..., Any]) -> Callable[..., Any]:
+    """Upstream's ``fit`` (``validate``, ...), whose ``TypeError`` for a model that is not a ``LightningModule``
+    also names the import that fits, when the model is a ``LightningModule`` of the other flavour."""
+
+    @functools.wraps(entry_point)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return entry_point(self, *args, **kwargs)
+        except TypeError as err:
+            model = args[0] if args else kwargs.get("model")
+            ours, other = (UNIFIED, STANDALONE) if flavour_of(self) is UNIFIED else (STANDALONE, UNIFIED)
+            module_class = getattr(sys.modules.get(other.pytorch), "LightningModule", None)
+            if module_class is not None and isinstance(model, module_class) and "LightningModule" in str(err):
+                err.args = (
+                    f"{err} {type(model).__qualname__} is a `{other.pytorch}` LightningModule, and this Trainer is"
+                    f" `{ours.pytorch}`'s: use `{_IMPORTS[other]}`.",
+                    *err.args[1:],
+                )
+            raise
+
+    return wrapper
 
 
 def _with_upstream_signature(cls: type) -> Callable[..., None]:
     """An ``__init__`` for a flavour's ``Trainer`` whose signature is upstream's parameters plus ours, so that
     ``inspect.signature``, IDEs, ``--help`` and LightningCLI see every argument with its type."""
     upstream = next(b for b in cls.__mro__[1:] if "__init__" in b.__dict__ and b is not SerializedRestoreTrainerMixin)
+    upstream_init = upstream.__dict__["__init__"]
     mixin_init = SerializedRestoreTrainerMixin.__init__
 
-    @functools.wraps(upstream.__init__)
+    @functools.wraps(upstream_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         mixin_init(self, *args, **kwargs)
 
-    hints = typing.get_type_hints(upstream.__init__)
-    signature = inspect.signature(upstream.__init__)
+    hints = typing.get_type_hints(upstream_init)
+    signature = inspect.signature(upstream_init)
     ours = inspect.Parameter(
         _PARAMETER, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=SerializedCheckpointLoading
     )
@@ -83,6 +127,37 @@ def _with_upstream_signature(cls: type) -> Callable[..., None]:
     # upstream takes keyword arguments only, after `self`; ours goes last
     __init__.__signature__ = signature.replace(parameters=[*parameters, ours])  # type: ignore[attr-defined]
     __init__.__annotations__ = {**hints, _PARAMETER: SerializedCheckpointLoading}
-    __init__.__doc__ = (upstream.__init__.__doc__ or "") + "\n\n" + (SerializedRestoreTrainerMixin.__doc__ or "")
+    __init__.__doc__ = (upstream_init.__doc__ or "") + "\n\n" + (SerializedRestoreTrainerMixin.__doc__ or "")
     del __init__.__wrapped__  # type: ignore[attr-defined]  # the signature is the one set above, not upstream's
     return __init__
+
+
+def disable_checkpoint_callbacks(trainer: Any) -> None:
+    """(each rank, a restore failed half-way) Keep checkpoint callbacks from saving the partly restored model while
+    Lightning handles the exception (its ``on_exception`` hooks).
+
+    Only the callbacks that can save in ``on_exception`` are removed from ``trainer.callbacks`` (a ``ModelCheckpoint``
+    with ``save_on_exception=True``, an ``OnExceptionCheckpoint``, or any checkpoint callback that overrides
+    ``on_exception``), with one warning naming them: for all others, and so by default, nothing changes.
+    """
+    flavour = flavour_of(trainer)
+    checkpoint_cls = flavour.import_("callbacks", "Checkpoint")
+    model_checkpoint_cls = flavour.import_("callbacks", "ModelCheckpoint")
+    callback_cls = flavour.import_("callbacks", "Callback")
+
+    def saves_on_exception(callback: Any) -> bool:
+        own = type(callback).on_exception
+        if own is callback_cls.on_exception:
+            return False
+        if own is model_checkpoint_cls.on_exception:
+            return bool(getattr(callback, "save_on_exception", False))
+        return True
+
+    disabled = [cb for cb in trainer.callbacks if isinstance(cb, checkpoint_cls) and saves_on_exception(cb)]
+    if not disabled:
+        return
+    trainer.callbacks = [cb for cb in trainer.callbacks if cb not in disabled]
+    flavour.import_("utilities.rank_zero", "rank_zero_warn")(
+        f"The checkpoint restore failed, so {', '.join(type(cb).__name__ for cb in disabled)} will not save a"
+        " checkpoint of the partly restored model."
+    )

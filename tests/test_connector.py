@@ -165,3 +165,27 @@ def test_upstream_trainer_is_untouched() -> None:
 
     trainer = pl.Trainer(logger=False)
     assert type(trainer._checkpoint_connector).__module__.startswith("pytorch_lightning.")
+
+
+@pytest.mark.parametrize("flavour", ["pytorch_lightning", "lightning"])
+@pytest.mark.parametrize("reader", ["auto", "mmap"])
+def test_a_missing_checkpoint_raises_upstreams_error_with_no_word_about_readers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, flavour: str, reader: str
+) -> None:
+    """A `ckpt_path` that does not exist raises upstream's own error, type and message, and no line before it speaks
+    of reading eagerly instead of memory-mapped (a missing file is not a reader's concern)."""
+    import importlib
+
+    monkeypatch.setenv("SERIALIZED_RESTORE_READER", reader)
+    upstream_cls = importlib.import_module("lightning.pytorch" if flavour == "lightning" else flavour).Trainer
+    ours_cls = importlib.import_module(f"serialized_restore.{flavour}").Trainer
+    model_cls = make_model_class(flavour)
+    missing = str(tmp_path / "no-such.ckpt")
+    kwargs = quiet_cpu_trainer_kwargs(str(tmp_path), 1, "auto", max_epochs=1, enable_checkpointing=False)
+    errors = []
+    for trainer in (upstream_cls(**kwargs), ours_cls(**kwargs, serialized_checkpoint_loading=True)):
+        with caplog.at_level(logging.INFO), pytest.raises(Exception) as info:
+            trainer.fit(model_cls(), train_dataloaders=dataloader(), ckpt_path=missing)
+        errors.append((type(info.value), str(info.value)))
+    assert errors[0] == errors[1] and errors[0][0] is FileNotFoundError, errors
+    assert "eagerly" not in caplog.text and "memory-mapped" not in caplog.text

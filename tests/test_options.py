@@ -7,23 +7,18 @@ import pytest
 
 from serialized_restore import SerializedLoading, Trainer
 from serialized_restore._environment import ENVIRONMENT_OVERRIDES, options_from
-from serialized_restore._memory import SAFETY_MARGIN, plan_auto
-from serialized_restore._options import RestoreOptions
+from serialized_restore._options import settings_of
 from serialized_restore.lightning import Trainer as UnifiedTrainer
 
 
-@pytest.mark.parametrize(("value", "expected"), [(False, None), (True, 1), (1, 1), (2, 2), (64, 64), (np.int64(3), 3)])
+@pytest.mark.parametrize(
+    ("value", "expected"), [(True, 1), (1, 1), (2, 2), (64, 64), (np.int64(3), 3), ("auto", "auto")]
+)
 def test_accepted_values(value: object, expected: object) -> None:
-    """False turns the option off, True means one rank at a time, a positive int bounds concurrent ranks."""
-    parsed = RestoreOptions.parse(value)
-    assert parsed.max_concurrent == expected
-    assert parsed.enabled is (value is not False) and not parsed.auto
-
-
-def test_auto_is_accepted() -> None:
-    """ "auto" turns the option on with k chosen at restore time."""
-    parsed = RestoreOptions.parse("auto")
-    assert parsed.enabled and parsed.auto and parsed.max_concurrent is None
+    """True means one rank at a time, a positive int bounds concurrent ranks, "auto" chooses k at restore time: each
+    stands for the settings object with that `max_concurrent`; False turns the option off."""
+    assert settings_of(value) == SerializedLoading(max_concurrent=expected)  # type: ignore[arg-type]
+    assert settings_of(False) is None
 
 
 def test_auto_without_psutil_is_refused_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -41,8 +36,9 @@ def test_auto_without_psutil_is_refused_at_construction(monkeypatch: pytest.Monk
         r"pip install",
     ):
         Trainer(serialized_checkpoint_loading="auto", logger=False)
-    assert RestoreOptions.parse(True).enabled
-    assert RestoreOptions.parse(SerializedLoading(max_concurrent="auto", available_memory=2**34)).auto
+    assert settings_of(True) == SerializedLoading()
+    given = SerializedLoading(max_concurrent="auto", available_memory=2**34)
+    assert settings_of(given) is given
     monkeypatch.setenv("SERIALIZED_RESTORE_AVAILABLE_MEMORY", str(2**34))
     assert Trainer(serialized_checkpoint_loading="auto", logger=False).serialized_checkpoint_loading == "auto"
 
@@ -78,18 +74,20 @@ def test_bad_environment_settings_raise(monkeypatch: pytest.MonkeyPatch, name: s
 
 def test_environment_settings_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     """Timeouts and reader come from the environment, with documented defaults, for the add-on's Trainer and
-    Fabric only: what is proposed to Lightning (`RestoreOptions.parse`) does not read the environment."""
+    Fabric only: what is proposed to Lightning (`settings_of`) does not read the environment."""
     defaults = options_from(True)
+    assert defaults is not None
     assert (defaults.turn_timeout, defaults.heartbeat_timeout, defaults.reader) == (1800.0, 60.0, "auto")
     monkeypatch.setenv("SERIALIZED_RESTORE_TURN_TIMEOUT", "12.5")
     monkeypatch.setenv("SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT", "3")
     monkeypatch.setenv("SERIALIZED_RESTORE_READER", "Eager")
     monkeypatch.setenv("SERIALIZED_RESTORE_AVAILABLE_MEMORY", "1024")
     parsed = options_from(2)
+    assert parsed is not None and parsed.max_concurrent == 2
     assert (parsed.turn_timeout, parsed.heartbeat_timeout, parsed.reader) == (12.5, 3.0, "eager")
     assert parsed.available_memory == 1024
-    assert Trainer(serialized_checkpoint_loading=2, logger=False)._serialized_loading == parsed
-    assert RestoreOptions.parse(2) == RestoreOptions.parse(2).__class__(value=2, max_concurrent=2)
+    assert Trainer(serialized_checkpoint_loading=2, logger=False)._checkpoint_connector._settings == parsed
+    assert settings_of(2) == SerializedLoading(max_concurrent=2)
 
 
 def test_trainer_is_a_lightning_trainer() -> None:
@@ -105,41 +103,12 @@ def test_trainer_is_a_lightning_trainer() -> None:
     assert unified.serialized_checkpoint_loading is False
 
 
-@pytest.mark.parametrize(
-    ("available", "reader", "expected"),
-    [
-        (10 * 2**30, "eager", 4),  # room for every local rank
-        (int(2.6 * 2**30), "eager", 2),  # 2.6 GiB x 0.8 = 2.08 GiB: two 1 GiB turns
-        (int(1.3 * 2**30), "eager", 1),
-        (int(1.2 * 2**30), "mmap", 4),  # a mapped turn needs about a tenth of the file privately
-        (int(0.5 * 2**30), "eager", 0),  # not even one turn fits
-    ],
-)
-def test_auto_plan_from_injected_available_memory(
-    monkeypatch: pytest.MonkeyPatch, available: int, reader: str, expected: int
-) -> None:
-    """ "auto" picks k from available memory x (1 - margin) / per-turn need, clamped to the local world size."""
-    plan = plan_auto(checkpoint_size=2**30, reader=reader, local_world_size=4, available_memory=available)
-    assert plan.max_concurrent == expected
-    assert plan.available == available and plan.available_source == "given"
-    assert f"{SAFETY_MARGIN:.0%} kept as margin" in plan.describe()
-
-
 def test_settings_object_is_accepted_and_returned_as_given() -> None:
     """`SerializedLoading(...)` sets everything in one typed object; the Trainer reports it back unchanged."""
     settings = SerializedLoading(max_concurrent=2, reader="eager", turn_timeout=600, heartbeat_timeout=5, tmpdir="/d")
     trainer = Trainer(serialized_checkpoint_loading=settings, logger=False)
     assert trainer.serialized_checkpoint_loading is settings
-    parsed = RestoreOptions.parse(settings)
-    assert (parsed.max_concurrent, parsed.reader, parsed.turn_timeout, parsed.heartbeat_timeout, parsed.tmpdir) == (
-        2, "eager", 600.0, 5.0, "/d"
-    )  # fmt: skip
-    auto = RestoreOptions.parse(SerializedLoading(max_concurrent="auto"))
-    assert auto.auto and auto.enabled and auto.max_concurrent is None
-    # the shorthands mean the object with that field
-    assert RestoreOptions.parse(True) == RestoreOptions.parse(SerializedLoading()).__class__(
-        value=True, max_concurrent=1
-    )
+    assert trainer._checkpoint_connector._settings is settings
 
 
 @pytest.mark.parametrize(
@@ -167,8 +136,8 @@ def test_environment_overrides_the_settings_object(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("SERIALIZED_RESTORE_TURN_TIMEOUT", "30")
     monkeypatch.setenv("SERIALIZED_RESTORE_TMPDIR", "/from/env")
     parsed = options_from(settings)
-    assert (parsed.turn_timeout, parsed.reader, parsed.tmpdir) == (30.0, "mmap", "/from/env")
-    assert RestoreOptions.parse(settings).tmpdir == "/from/code"
+    assert parsed is not None and (parsed.turn_timeout, parsed.reader, parsed.tmpdir) == (30.0, "mmap", "/from/env")
+    assert settings_of(settings) is settings and settings.tmpdir == "/from/code"
     assert sorted(ENVIRONMENT_OVERRIDES) == [
         "SERIALIZED_RESTORE_AVAILABLE_MEMORY",
         "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT",

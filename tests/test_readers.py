@@ -12,6 +12,7 @@ from pytorch_lightning.strategies import SingleDeviceStrategy
 
 from serialized_restore import MmapCheckpointIO
 from serialized_restore._readers import (
+    choose_reader,
     copy_kept_out_of_mapping,
     local_path,
     mmap_unsupported_reason,
@@ -207,3 +208,16 @@ def test_mmap_checkpoint_io_of_either_flavour_works_with_either_trainer(
     assert trainer.strategy.checkpoint_io is plugin
     for (name, a), (_, b) in zip(expected.state_dict().items(), got.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_a_missing_file_is_read_eagerly_without_a_reason(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A local path with no file behind it goes to the eager read with no reason logged, so upstream's own
+    `FileNotFoundError` is the only word about it; `MmapCheckpointIO` likewise."""
+    missing = str(tmp_path / "missing.ckpt")
+    assert choose_reader(_strategy(), missing, "mmap") == ("eager", None)
+    with caplog.at_level(logging.INFO):
+        with pytest.raises(FileNotFoundError, match="Checkpoint file not found"):
+            read_checkpoint(_strategy(), missing, weights_only=True, reader="mmap")
+        with pytest.raises(FileNotFoundError, match="Checkpoint file not found"):
+            MmapCheckpointIO().load_checkpoint(missing, weights_only=True)
+    assert "eagerly" not in caplog.text

@@ -16,13 +16,22 @@ from tests.helpers.launch import run_job
 pytestmark = pytest.mark.timeout(400)
 
 
-@pytest.mark.parametrize("serialized", [True, 2])
-def test_fit_resume_is_bit_identical(tmp_path: Path, reference: dict[str, Any], serialized: Any) -> None:
-    """Resuming with the option on equals an uninterrupted run exactly, on every rank."""
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param({"serialized": True}, id="True"),
+        pytest.param({"serialized": 2}, id="2"),
+        pytest.param({"serialized": True, "flavour": "lightning"}, id="lightning-flavour"),
+        pytest.param({"serialized": True, "strategy": "ddp_spawn"}, id="ddp-spawn"),
+    ],
+)
+def test_fit_resume_is_bit_identical(tmp_path: Path, reference: dict[str, Any], variant: dict[str, Any]) -> None:
+    """Resuming with the option on equals an uninterrupted run exactly, on every rank, in turns: also with
+    `serialized_restore.lightning.Trainer` (for `import lightning.pytorch`) and with `ddp_spawn` (spawned ranks)."""
     result = run_ok(
         {
             "trainer": "ours",
-            "serialized": serialized,
+            **variant,
             "out": str(tmp_path),
             "max_epochs": 2,
             "ckpt_path": reference["ckpt"],
@@ -144,38 +153,6 @@ def test_turns_never_exceed_k_per_node(tmp_path: Path, reference: dict[str, Any]
     for stage, intervals in stages.items():
         assert sorted(r for _, _, r in intervals) == list(range(devices)), stage
         assert 1 <= max_concurrent(intervals) <= k, f"{stage}: {sorted(intervals)}"
-
-
-def test_unified_lightning_flavour(tmp_path: Path, reference: dict[str, Any]) -> None:
-    """`serialized_restore.lightning.Trainer` (for `import lightning.pytorch`) resumes bit-identically."""
-    result = run_ok(
-        {
-            "trainer": "ours",
-            "flavour": "lightning",
-            "serialized": True,
-            "out": str(tmp_path),
-            "max_epochs": 2,
-            "ckpt_path": reference["ckpt"],
-        }
-    )
-    assert_training_state_equal(result.ranks, reference["uninterrupted"])
-    assert all(turn_intervals({r: g}) for r, g in result.ranks.items())
-
-
-def test_ddp_spawn(tmp_path: Path, reference: dict[str, Any]) -> None:
-    """The option works with `ddp_spawn`, where ranks are spawned worker processes."""
-    result = run_ok(
-        {
-            "trainer": "ours",
-            "strategy": "ddp_spawn",
-            "serialized": True,
-            "out": str(tmp_path),
-            "max_epochs": 2,
-            "ckpt_path": reference["ckpt"],
-        }
-    )
-    assert_training_state_equal(result.ranks, reference["uninterrupted"])
-    assert all(turn_intervals({r: g}) for r, g in result.ranks.items())
 
 
 def test_special_paths_best_last_hpc(tmp_path: Path, reference: dict[str, Any]) -> None:

@@ -1,0 +1,125 @@
+"""``serialized_checkpoint_loading="auto"``: how many local ranks of a node restore at once, chosen from the memory
+available when the restore starts, by local rank 0 of each node for the whole node."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from serialized_restore._memory import format_bytes
+from serialized_restore._options import AUTO, AVAILABLE_MEMORY_SETTING, READER_SETTING, SerializedLoading
+from serialized_restore._readers import choose_reader, local_path
+from serialized_restore._strategy_path import job_schedule
+from serialized_restore._turns import RankPlacement
+
+STAGE_PLAN = "plan restore"
+
+SAFETY_MARGIN = 0.2
+"""Fraction of the available memory left untouched by the estimate."""
+
+MMAP_PRIVATE_FRACTION = 0.1
+"""Private memory one memory-mapped turn is assumed to need, as a fraction of the checkpoint's size.
+
+A memory-mapped turn keeps the file's pages in the (shared, reclaimable) page cache; what it allocates privately is
+transient: tensors that hooks or dtype conversions copy. Optimizer state copied out of the file is not counted: the
+job holds it for training anyway.
+"""
+
+
+@dataclass(frozen=True)
+class AutoPlan:
+    """The choice of ``k`` for one node and the figures it was made from."""
+
+    max_concurrent: int
+    """0 when not even one turn fits."""
+    local_world_size: int
+    available: int
+    available_source: str
+    checkpoint_size: int
+    reader: str
+    need_per_turn: int
+
+    def describe(self) -> str:
+        how = "memory-mapped" if self.reader == "mmap" else "eagerly"
+        return (
+            f"{format_bytes(self.available)} available ({self.available_source}), {SAFETY_MARGIN:.0%} kept as margin;"
+            f" one turn needs about {format_bytes(self.need_per_turn)}"
+            f" (checkpoint {format_bytes(self.checkpoint_size)}, read {how}); {self.local_world_size} local ranks"
+        )
+
+
+def plan_auto(checkpoint_size: int, reader: str, local_world_size: int, available_memory: int | None) -> AutoPlan:
+    """(local rank 0 of each node) Choose ``k`` in ``[1, local_world_size]``, or 0 if even one turn does not fit.
+    ``available_memory``: the bytes to assume available, or ``None`` to measure them."""
+    if available_memory is not None:
+        available, source = available_memory, "given"
+    else:
+        # settings_of refused "auto" without psutil and without a memory figure already
+        import psutil
+
+        available, source = int(psutil.virtual_memory().available), "psutil"
+    need = checkpoint_size if reader == "eager" else math.ceil(MMAP_PRIVATE_FRACTION * checkpoint_size)
+    usable = available * (1 - SAFETY_MARGIN)
+    k = local_world_size if need == 0 else min(local_world_size, int(usable // need))
+    return AutoPlan(max(k, 0), local_world_size, available, source, checkpoint_size, reader, need)
+
+
+def decide_max_concurrent(
+    settings: SerializedLoading,
+    strategy: Any,
+    placement: RankPlacement,
+    path: Any,
+    source: Any,
+    logger: logging.Logger,
+    owner: str = "Trainer",
+) -> int:
+    """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it from free memory for reading
+    ``source`` (``path``, or its node-local copy).
+
+    The node's other ranks wait for the decision as they wait for a turn (``STAGE_PLAN``): a local rank 0 that
+    dies or raises before deciding ends the restore on every rank within the same bounds as a failed turn.
+    Raises ``MemoryError`` when not even one rank fits; ``owner`` (``"Trainer"`` or ``"Fabric"``) names the class
+    the option was given to in that message.
+    """
+    if settings.max_concurrent != AUTO:
+        return int(settings.max_concurrent)
+    reader, _ = choose_reader(strategy, source, settings.reader)
+    size = os.path.getsize(local) if (local := local_path(source)) and os.path.isfile(local) else 0
+
+    def decide() -> str:
+        plan = plan_auto(size, reader, placement.local_world_size, settings.available_memory)
+        return json.dumps([plan.max_concurrent, plan.describe()])
+
+    schedule = job_schedule(placement, path, settings, logger)
+    k, figures = parse_plan(schedule.decide_per_node(STAGE_PLAN, decide))
+    if placement.local_rank == 0:
+        logger.info(f'serialized restore: "auto" chose k={k} for node {placement.node_rank}: {figures}')
+    if k < 1:
+        raise MemoryError(
+            f'`{owner}(serialized_checkpoint_loading="auto")` found that not even one rank of node'
+            f" {placement.node_rank} can restore {str(path)!r} in the memory available ({figures})."
+            + (
+                " Free memory, let it be read memory-mapped (a local checkpoint in torch's zip format, read by the"
+                f" stock TorchCheckpointIO, and {READER_SETTING} not `eager`),"
+                if reader == "eager"
+                else " Free memory,"
+            )
+            + f" or set {AVAILABLE_MEMORY_SETTING} if the estimate is wrong."
+        )
+    return int(k)
+
+
+def parse_plan(text: str) -> tuple[int, str]:
+    """``[k, figures]`` as local rank 0 wrote it to the store; a clear ``ValueError`` for anything else (the store is
+    not authenticated: see docs/security.md)."""
+    try:
+        k, figures = json.loads(text)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f'"auto" read a malformed decision from the job\'s store: {text[:200]!r} ({err})') from None
+    if isinstance(k, bool) or not isinstance(k, int) or not isinstance(figures, str):
+        raise ValueError(f'"auto" read a malformed decision from the job\'s store: {text[:200]!r}')
+    return k, figures

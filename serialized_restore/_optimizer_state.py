@@ -1,0 +1,63 @@
+"""What stage 2 of a Trainer's restore does with the optimizer state: where it comes from, whether a hook changed
+what was read eagerly (then it is kept instead of read again), and whether loading it allocates only what is kept."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+
+
+class OptimizerSource(enum.Enum):
+    """Where stage 2 takes the optimizer state from (fit only)."""
+
+    IN_DICT = "in the dict"
+    """Already in private memory in the cached dict (read eagerly and changed by a hook, or the strategy's own
+    copy)."""
+    COPY_FROM_MAPPING = "copy from the mapping"
+    """Views of the memory-mapped file: handed to the optimizers, and what they keep of it copied into private memory
+    in the rank's stage-2 turn."""
+    READ_AGAIN = "read again"
+    """Read eagerly and dropped after stage 1 (no hook changed it): read the file again in the stage-2 turn."""
+
+
+class Fingerprint:
+    """A cheap structural snapshot: tensors by identity and version counter, plain leaves by value.
+
+    Two snapshots are equal when nothing was added, removed, replaced or changed in place in between. The tensors
+    themselves are referenced so that their ``id`` cannot be reused while the snapshot lives.
+    """
+
+    def __init__(self, obj: Any) -> None:
+        self.shape: list[Any] = []
+        self._tensors: list[torch.Tensor] = []
+        self._visit(obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Fingerprint) and self.shape == other.shape
+
+    def _visit(self, value: Any) -> None:
+        out = self.shape
+        if isinstance(value, torch.Tensor):
+            self._tensors.append(value)
+            out.append(("tensor", id(value), value._version))
+        elif isinstance(value, dict):
+            out.append(("dict", len(value)))
+            for key, item in value.items():
+                out.append(key)
+                self._visit(item)
+        elif isinstance(value, (list, tuple)):
+            out.append((type(value), len(value)))
+            for item in value:
+                self._visit(item)
+        elif value is None or isinstance(value, (bool, int, float, str, bytes)):
+            out.append(value)
+        else:
+            out.append(("object", id(value)))
+
+
+def load_in_place(optimizers: list[Any]) -> bool:
+    """Whether every optimizer's ``load_state_dict`` is torch's own, which keeps each given state tensor (or a copy
+    of it on the parameter's device or in its dtype) and allocates nothing it frees again."""
+    return all(type(optimizer).load_state_dict is torch.optim.Optimizer.load_state_dict for optimizer in optimizers)

@@ -1,0 +1,104 @@
+"""Which way a strategy restores with the option on, for the Trainer and Fabric alike, and the schedule its ranks
+restore on.
+
+Turns serialize the ranks of a node, so nothing inside a turn may run a collective. Single device and the DDP family
+restore without collectives; FSDP restores with them, so its ranks restore together (``_fsdp.py``); any other
+strategy, and a subclass that overrides a method through which its base restores (which may run collectives there),
+restores as upstream, with one warning on rank zero.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any
+
+import torch.distributed as dist
+
+from serialized_restore._flavour import flavour_of
+from serialized_restore._options import SerializedLoading
+from serialized_restore._turns import RankPlacement, TurnSchedule
+
+RESTORE_METHODS = {
+    "Trainer": ("load_checkpoint", "load_model_state_dict", "load_optimizer_state_dict"),
+    "Fabric": ("load_checkpoint", "load_module_state_dict"),
+}
+"""The methods through which a ``Trainer``'s or a ``Fabric``'s strategy restores."""
+
+
+class StrategyPath(enum.Enum):
+    """How the option restores with a strategy (:func:`strategy_path`)."""
+
+    TURNS = "turns"
+    """Single device and the DDP family: in per-node turns."""
+    FSDP = "fsdp"
+    """FSDP: every rank together, a full checkpoint memory-mapped (``_fsdp.py``)."""
+    UPSTREAM = "upstream"
+    """Anything else: upstream's restore, untouched."""
+
+
+def strategy_path(strategy: Any, owner: str, value: object, warned: set[type]) -> StrategyPath:
+    """(all ranks) The path of ``strategy``, a strategy of a ``Trainer`` or of a ``Fabric`` (``owner``).
+
+    ``UPSTREAM`` comes with one warning on rank zero per strategy class (``warned`` holds the classes warned about),
+    quoting the option's ``value``.
+    """
+    fabric = owner == "Fabric"
+    flavour = flavour_of(strategy)
+    ddp, single, fsdp = (
+        flavour.import_("strategies", name, fabric=fabric)
+        for name in ("DDPStrategy", "SingleDeviceStrategy", "FSDPStrategy")
+    )
+    base = next((b for b in (ddp, single, fsdp) if isinstance(strategy, b)), None)
+    overridden = [m for m in RESTORE_METHODS[owner] if base and getattr(type(strategy), m) is not getattr(base, m)]
+    if base is fsdp and not overridden:
+        return StrategyPath.FSDP
+    # a Trainer strategy that restores after setup restores with its model wrapped: collectives may run
+    if base is not None and not overridden and not getattr(strategy, "restore_checkpoint_after_setup", False):
+        return StrategyPath.TURNS
+    if type(strategy) not in warned:
+        warned.add(type(strategy))
+        why = (
+            f"it overrides {', '.join(overridden)}"
+            if overridden
+            else "its restore may run collectives, which cannot run while ranks take turns"
+        )
+        done = "loaded" if fabric else "restored"
+        flavour.import_("utilities.rank_zero", "rank_zero_warn", fabric=fabric)(
+            f"`{owner}(serialized_checkpoint_loading={value!r})` has no effect with {type(strategy).__name__}:"
+            f" {why}. The checkpoint is {done} as upstream Lightning does."
+        )
+    return StrategyPath.UPSTREAM
+
+
+def placement_of(owner: Any, strategy: Any) -> RankPlacement:
+    """Where this process sits in the job, from a ``Trainer`` or a ``Fabric`` (both name the ranks alike)."""
+    return RankPlacement(
+        global_rank=owner.global_rank,
+        world_size=owner.world_size,
+        node_rank=owner.node_rank,
+        local_rank=owner.local_rank,
+        local_world_size=max(1, int(getattr(strategy, "num_processes", 1))),
+    )
+
+
+def job_schedule(
+    placement: RankPlacement,
+    checkpoint_path: Any,
+    settings: SerializedLoading,
+    logger: logging.Logger,
+    max_concurrent: int | None = None,
+) -> TurnSchedule:
+    """(all ranks) A schedule over the job's default store (none for a single process); ``max_concurrent``: by
+    default every local rank at once."""
+    initialized = dist.is_available() and dist.is_initialized()
+    store = dist.distributed_c10d._get_default_store() if initialized and placement.world_size > 1 else None
+    return TurnSchedule(
+        store=store,
+        placement=placement,
+        max_concurrent=max_concurrent or placement.local_world_size,
+        checkpoint_path=str(checkpoint_path),
+        turn_timeout=float(settings.turn_timeout),
+        heartbeat_timeout=float(settings.heartbeat_timeout),
+        logger=logger,
+    )
