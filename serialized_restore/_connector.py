@@ -30,7 +30,7 @@ import atexit
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -38,7 +38,13 @@ from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, checkpoint_kind, fsdp_strategy_class, load_full_checkpoint, upstream_reason
 from serialized_restore._options import RestoreOptions
 from serialized_restore._plan import decide_max_concurrent, job_schedule, local_world_size, placement_of
-from serialized_restore._readers import LoadedCheckpoint, copy_kept_out_of_mapping, read_checkpoint, storages_of
+from serialized_restore._readers import (
+    LoadedCheckpoint,
+    copy_kept_out_of_mapping,
+    read_checkpoint,
+    storages_of,
+    wait_for_device_copies,
+)
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
 from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
 
@@ -181,6 +187,7 @@ class _SerializedCheckpointConnectorMixin:
             # assert self._options.max_concurrent is not None  # the option is on
             # schedule = self._make_schedule(checkpoint_path, self._options.max_concurrent)
             # series: end
+            note_one_rank_per_node(schedule.placement, self._rank_zero_info)
             with schedule.turn(STAGE_MODULES) as record:
                 restore.reading = True
                 try:
@@ -285,6 +292,7 @@ class _SerializedCheckpointConnectorMixin:
 
     def _release_after_modules(self, restore: _Restore) -> None:
         """(one rank, end of its stage-1 turn) Drop what the second stage does not need."""
+        wait_for_device_copies()
         checkpoint = self._loaded_checkpoint
         if "state_dict" in checkpoint:
             # keep the key, so that the dict never turns empty (upstream skips stage 2 for an empty dict)
@@ -325,7 +333,9 @@ class _SerializedCheckpointConnectorMixin:
         restore.schedule = None
         try:
             in_turns = restore.fitting and (
-                restore.optimizer_source is OptimizerSource.READ_AGAIN or not _load_in_place(self.trainer.optimizers)
+                restore.optimizer_source is OptimizerSource.READ_AGAIN
+                or not _load_in_place(self.trainer.optimizers)
+                or _converts_on_load(self.trainer.optimizers, self._loaded_checkpoint.get("optimizer_states"))
             )
             with schedule.turn(STAGE_TRAINING_STATE, ordered=in_turns, logged=restore.fitting) as record:
                 # series: mmap
@@ -340,6 +350,7 @@ class _SerializedCheckpointConnectorMixin:
                 # self._prepare_optimizer_states(restore, record)
                 # super().restore_training_state()  # type: ignore[misc]
                 # series: end
+                wait_for_device_copies()
                 self._loaded_checkpoint = {}
         except BaseException:
             self._abandon(restore)
@@ -522,6 +533,43 @@ def _load_in_place(optimizers: list[Any]) -> bool:
     """Whether every optimizer's ``load_state_dict`` is torch's own, which keeps each given state tensor (or a copy
     of it on the parameter's device or in its dtype) and allocates nothing it frees again."""
     return all(type(optimizer).load_state_dict is torch.optim.Optimizer.load_state_dict for optimizer in optimizers)
+
+
+def _converts_on_load(optimizers: list[Any], states: Any) -> bool:
+    """Whether torch's ``load_state_dict`` converts a saved floating-point state tensor to its parameter's dtype (an
+    fp32 state into a bf16 model): the conversion allocates a host temporary (before a copy to the GPU, the whole
+    tensor), so the ranks of a node must not do it at once. Saved state is matched to parameters as torch matches it:
+    the saved ``param_groups``' ids, in order, to the optimizer's parameters."""
+    for optimizer, saved in zip(optimizers, states or []):
+        if not isinstance(saved, dict):
+            continue
+        saved_ids = [i for group in saved.get("param_groups", []) for i in group.get("params", [])]
+        params = dict(zip(saved_ids, (p for group in optimizer.param_groups for p in group["params"])))
+        for index, state in saved.get("state", {}).items():
+            param = params.get(index)
+            if param is None or not param.is_floating_point():
+                continue
+            for key, value in state.items():
+                if key != "step" and isinstance(value, torch.Tensor) and value.dtype != param.dtype:
+                    return True
+    return False
+
+
+_NOTED: set[str] = set()
+"""Notes already logged by this process."""
+
+
+def note_one_rank_per_node(placement: RankPlacement, info: Callable[[str], None]) -> None:
+    """(every rank; ``info`` logs on global rank 0) Say once per process that with one rank per node (a GPU per
+    container, each its own node) no two ranks share a node's memory: turns serialize nothing and save nothing."""
+    if placement.local_world_size > 1 or placement.world_size == 1 or "one rank per node" in _NOTED:
+        return
+    _NOTED.add("one rank per node")
+    info(
+        f"serialized restore: each of the {placement.world_size} nodes runs one rank, so no two ranks restore on the"
+        " same node: the turns serialize nothing and save no memory (each rank still reads memory-mapped where it"
+        " can and keeps only what it restores)."
+    )
 
 
 def disable_checkpoint_callbacks(trainer: Any) -> None:

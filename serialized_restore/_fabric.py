@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from serialized_restore._connector import note_one_rank_per_node
 from serialized_restore._environment import options_from
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, checkpoint_kind, load_optimizer_states, load_weights, upstream_reason
@@ -41,6 +42,7 @@ from serialized_restore._readers import (
     optimizer_containers,
     read_checkpoint,
     storages_of,
+    wait_for_device_copies,
 )
 from serialized_restore._trainer import SerializedCheckpointLoading
 
@@ -120,6 +122,9 @@ class SerializedFabricMixin:
         placement = placement_of(self, strategy)
         k = decide_max_concurrent(options, strategy, placement, path, path, log, owner="Fabric")
         schedule = job_schedule(placement, path, k, options, log)
+        note_one_rank_per_node(
+            placement, flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=True)
+        )
         with schedule.turn(STAGE_LOAD) as record:
             loaded = read_checkpoint(
                 strategy, path, weights_only, options.reader, log, read_eagerly=strategy.checkpoint_io.load_checkpoint
@@ -134,6 +139,7 @@ class SerializedFabricMixin:
         with schedule.turn(STAGE_COPY, ordered=False, logged=bool(mapped)) as record:
             if mapped:
                 record.bytes_copied = self._copy_kept(state, remainder, mapped)
+            wait_for_device_copies()
         return remainder
 
     def _load_fsdp(
@@ -185,6 +191,7 @@ class SerializedFabricMixin:
         )
         with schedule.turn(STAGE_COPY, ordered=False, logged=True) as record:
             record.bytes_copied = self._copy_kept(state, checkpoint, mapped)
+            wait_for_device_copies()
         return checkpoint
 
     def _run_upstream(
