@@ -15,18 +15,18 @@ ranks' markers, an exact comparison of what each rank restored with the checkpoi
 3. **Trainer**, N = 1, ``fit`` and ``validate``: ``baseline`` (no checkpoint), ``upstream``, ``ours-true`` (memory
    mapped) and ``ours-true-eager`` (the eager reader).
 4. **Fabric**, N = 1, ``fabric.load(path, {"model", "optimizer", "step"})``: the same four.
-5. With N >= 2 devices (every visible GPU; 2 ranks on CPU): DDP ``fit`` with N ranks (``baseline``, ``upstream``,
-   ``ours-true``, whose turns must follow one another), and FSDP ``fit`` from a full checkpoint (on GPU saved by
-   Lightning's ``FSDPStrategy`` itself on the N GPUs; on CPU by DDP, since torch's full-state FSDP save crashes on CPU),
-   ``fsdp-upstream`` and ``fsdp-ours``, both exact.
+5. With N >= 2 devices (every visible GPU; 2 ranks on CPU): DDP ``fit`` with N ranks, ``ours-true``, whose turns
+   must follow one another, and FSDP ``fit`` from a full checkpoint (on GPU saved by Lightning's ``FSDPStrategy``
+   itself on the N GPUs; on CPU by DDP, since torch's full-state FSDP save crashes on CPU), ``fsdp-upstream`` and
+   ``fsdp-ours``, both exact.
 
 Checks, each of which fails the run (exit code 1):
 
 * every restore is exact (weights; for fit, optimizer state and step) against the checkpoint;
-* memory, S the checkpoint's size: ``ours-true`` and ``fabric-ours`` add at most 0.1 x S of host anonymous memory
-  above their baseline (net of the optimizer state the ranks keep in host memory for training, which on GPU is none),
-  and ``upstream`` and ``fabric-upstream`` add at least 0.8 x S (upstream holds the whole checkpoint in host memory:
-  if the measurement does not see that copy, it cannot see ours either);
+* memory (N = 1), S the checkpoint's size: ``ours-true`` and ``fabric-ours`` add at most 0.1 x S of host anonymous
+  memory above their baseline (net of the optimizer state the ranks keep in host memory for training, which on GPU is
+  none), and ``upstream`` and ``fabric-upstream`` add at least 0.8 x S (upstream holds the whole checkpoint in host
+  memory: if the measurement does not see that copy, it cannot see ours either);
 * the log says the file was read memory-mapped (the memory-mapped modes), eagerly (the eager modes), and for FSDP that
   the full checkpoint was memory-mapped;
 * with N ranks, each rank's turn of the first stage starts after its predecessor's has ended.
@@ -190,8 +190,7 @@ def plan(accelerator: str, ranks: int) -> list[Job]:
     for mode in ("fabric-baseline", "fabric-upstream", "fabric-ours", "fabric-ours-eager"):
         jobs.append(Job(f"n1-load-{mode}", "restore", mode, "fit"))
     if ranks >= 2:
-        for mode in ("baseline", "upstream", "ours-true"):
-            jobs.append(Job(f"n{ranks}-fit-{mode}", "restore", mode, "fit", ranks))
+        jobs.append(Job(f"n{ranks}-fit-ours-true", "restore", "ours-true", "fit", ranks))
         if accelerator == "gpu":
             jobs.append(Job("fsdp-checkpoint", "checkpoint", devices=ranks, strategy="fsdp", needs=""))
         fsdp = "fsdp" if accelerator == "gpu" else None
@@ -311,7 +310,7 @@ def checks_of(job: Job, jobs: list[Job], size: int) -> list[dict[str, Any]]:
         checks.append(_log_check(log, stage, "eagerly", job.devices))
     elif "ours" in job.mode:
         checks.append(_log_check(log, stage, "memory-mapped", job.devices))
-    if job.mode in ("ours-true", "fabric-ours", "upstream", "fabric-upstream"):
+    if job.mode in ("ours-true", "fabric-ours", "upstream", "fabric-upstream") and job.devices == 1:
         checks.append(memory_check(job, jobs, size))
     if job.mode == "ours-true" and job.devices > 1:
         checks.append(turns_check(log, job.devices))
