@@ -191,7 +191,7 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
     def _compare_with_checkpoint(self) -> list[str]:
         """Names of everything restored that differs from the checkpoint (bit for bit); empty when exact."""
         reference = torch.load(self.run["ckpt_path"], mmap=True, weights_only=False, map_location="cpu")
-        if self.run.get("strategy") == "fsdp_cpu":
+        if self.run.get("strategy") in ("fsdp_cpu", "fsdp"):
             return self._compare_fsdp_with_checkpoint(reference)
         mismatches = []
         ours = self.state_dict()
@@ -254,8 +254,13 @@ def _fsdp_mismatches(
         mismatches = []
     elif sorted(ours) != sorted(saved_weights):
         mismatches.append(f"state_dict keys: {sorted(set(ours) ^ set(saved_weights))}")
-    # the checkpoint (saved by DDP) keys the state by parameter index, in the order of `module.parameters()`
+    # a checkpoint saved by DDP keys the state by parameter index, in the order of `module.parameters()`; one saved by
+    # FSDP keys it by parameter name
     names = [name.replace("_fsdp_wrapped_module.", "") for name, _ in module.named_parameters()]
+
+    def name_of(key: Any) -> str:
+        return names[key] if isinstance(key, int) else str(key)
+
     # offload_to_cpu=False: with FSDP on CPU (torch 2.13), offloading returns the gathered state tensors of one
     # parameter aliased to each other (exp_avg reads as exp_avg_sq)
     full = (FullStateDictConfig(rank0_only=True), FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=True))
@@ -264,12 +269,12 @@ def _fsdp_mismatches(
             restored = FSDP.optim_state_dict(model, optimizer).get("state", {})
         if not checking:
             continue
-        if sorted(restored) != sorted(names[pid] for pid in saved["state"]):
+        if sorted(restored) != sorted(name_of(pid) for pid in saved["state"]):
             mismatches.append(f"optimizer {i}: state of parameters {sorted(restored)}")
         for pid, state in saved["state"].items():
             for key, value in state.items():
-                if not _equal(restored.get(names[pid], {}).get(key), value):
-                    mismatches.append(f"optimizer {i} state[{names[pid]!r}][{key!r}]")
+                if not _equal(restored.get(name_of(pid), {}).get(key), value):
+                    mismatches.append(f"optimizer {i} state[{name_of(pid)!r}][{key!r}]")
     return mismatches
 
 
@@ -354,6 +359,9 @@ def _trainer(config: dict[str, Any], **kwargs: Any) -> pl.Trainer:
         # Lightning's FSDPStrategy, wrapping with device_id=cpu (its stock version requires a GPU); one FSDP unit per
         # layer
         strategy = make_cpu_fsdp_class("pytorch_lightning")(auto_wrap_policy={torch.nn.Linear}, state_dict_type="full")
+    elif strategy == "fsdp":
+        # Lightning's stock FSDPStrategy (GPU only), one FSDP unit per layer
+        strategy = pl.strategies.FSDPStrategy(auto_wrap_policy={torch.nn.Linear}, state_dict_type="full")
     elif strategy == "fairscale_sharded":
         strategy = make_fairscale_sharded_class("pytorch_lightning")()
     if config.get("accelerator", "cpu") != "cpu":
@@ -421,7 +429,7 @@ def fabric_restore(config: dict[str, Any]) -> None:
         else "ddp"
     )
     kwargs = {"accelerator": config.get("accelerator", "cpu"), "devices": config["devices"], "strategy": strategy}
-    ours = config["mode"].endswith("-ours")
+    ours = "-ours" in config["mode"]
     fabric = SerializedFabric(serialized_checkpoint_loading=True, **kwargs) if ours else Fabric(**kwargs)
     fabric.launch()
     torch.manual_seed(0)

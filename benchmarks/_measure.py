@@ -83,6 +83,7 @@ MODES: dict[str, dict[str, str]] = {
     "fabric-baseline": {},
     "fabric-upstream": {},
     "fabric-ours": {},
+    "fabric-ours-eager": {"SERIALIZED_RESTORE_READER": "eager"},
     "fabric-fsdp-baseline": {},
     "fabric-fsdp-upstream": {},
     "fabric-fsdp-ours": {},
@@ -97,7 +98,7 @@ ZERO_MODES = ("zero-upstream", "zero-ours")
 OSS_MODES = ("oss-baseline", "oss-upstream", "oss-ours")
 # Lightning Fabric under DDP: `fabric.load(path, {"model": ..., "optimizer": ...})` of the same weights and optimizer
 # state, saved in Fabric's layout (see `fabric_checkpoint`); the window is the `fabric.load` call
-FABRIC_MODES = ("fabric-baseline", "fabric-upstream", "fabric-ours")
+FABRIC_MODES = ("fabric-baseline", "fabric-upstream", "fabric-ours", "fabric-ours-eager")
 # the same `fabric.load` under Fabric's FSDPStrategy (on CPU: `harness/models.py`'s FabricCPUFSDPStrategy), one unit
 # per layer, of the same full checkpoint
 FABRIC_FSDP_MODES = ("fabric-fsdp-baseline", "fabric-fsdp-upstream", "fabric-fsdp-ours")
@@ -147,6 +148,8 @@ MODE_DESCRIPTIONS = {
     "fabric-baseline": "`lightning_fabric.Fabric`, DDP, model and Adam set up, no `fabric.load`",
     "fabric-upstream": '`lightning_fabric.Fabric`, DDP: `fabric.load(path, {"model": ..., "optimizer": ...})`',
     "fabric-ours": "`serialized_restore.fabric.Fabric(serialized_checkpoint_loading=True)`, the same `fabric.load`",
+    "fabric-ours-eager": "`serialized_restore.fabric.Fabric(serialized_checkpoint_loading=True)` with"
+    " `SERIALIZED_RESTORE_READER=eager`, the same `fabric.load`",
     "fabric-fsdp-baseline": "`lightning_fabric.Fabric` with FSDP, model and Adam set up, no `fabric.load`",
     "fabric-fsdp-upstream": "`lightning_fabric.Fabric` with FSDP: `FSDPStrategy.load_checkpoint`'s full-checkpoint"
     " path (`_lazy_load`, then every rank materializes the optimizer state)",
@@ -437,14 +440,17 @@ def create_checkpoint(
     devices: int = 1,
     timeout: float = 600.0,
     accelerator: str = "cpu",
+    strategy: Optional[str] = None,
 ) -> tuple[CheckpointInfo, bool]:
     """Train the MLP ``steps`` Adam steps and save it with ``trainer.save_checkpoint``, unless already cached.
 
-    Returns the checkpoint and whether it was created now. The cache key is the model's shape, steps, devices and
-    accelerator (a checkpoint saved from a GPU model holds CUDA tensors).
+    Returns the checkpoint and whether it was created now. The cache key is the model's shape, steps, devices,
+    accelerator (a checkpoint saved from a GPU model holds CUDA tensors) and ``strategy`` (default: ``ddp`` for more
+    than one device; ``fsdp`` saves a full checkpoint through Lightning's ``FSDPStrategy``, GPU only).
     """
     width, depth = mlp_shape(params, depth)
     name = f"mlp-w{width}-d{depth}-s{steps}-n{devices}" + ("" if accelerator == "cpu" else f"-{accelerator}")
+    name += f"-{strategy}" if strategy else ""
     ckpt_path = out_dir / f"{name}.ckpt"
     meta_path = out_dir / f"{name}.json"
     created = False
@@ -459,7 +465,7 @@ def create_checkpoint(
             "steps": steps,
             "devices": devices,
             "accelerator": accelerator,
-            "strategy": "ddp" if devices > 1 else "auto",
+            "strategy": strategy or ("ddp" if devices > 1 else "auto"),
             "ckpt_path": str(ckpt_path),
             "meta_path": str(meta_path),
         }
@@ -477,7 +483,9 @@ def fabric_checkpoint(path: Path) -> Path:
     if not target.is_file():
         import torch
 
-        checkpoint = torch.load(path, mmap=True, weights_only=False, map_location="cpu")
+        # where a GPU can take them, tensors keep the device they were saved from (a GPU checkpoint stays one)
+        location = None if torch.cuda.is_available() else "cpu"
+        checkpoint = torch.load(path, mmap=True, weights_only=False, map_location=location)
         state = {
             "model": {k.removeprefix("net."): v for k, v in checkpoint["state_dict"].items()},
             "optimizer": checkpoint["optimizer_states"][0],
@@ -571,8 +579,11 @@ def measure_restore(
     timeout: float,
     preexec_fn: Optional[Callable[[], None]] = None,
     accelerator: str = "cpu",
+    strategy: Optional[str] = None,
 ) -> RestoreRun:
-    """Run one restore (or, for a mode in ``BASELINES``, the same job without a checkpoint) and measure it."""
+    """Run one restore (or, for a mode in ``BASELINES``, the same job without a checkpoint) and measure it.
+
+    ``strategy`` replaces the mode's own (``strategy_of``): ``fsdp`` for Lightning's stock ``FSDPStrategy`` on GPU."""
     ckpt_path = None if mode in BASELINES else str(checkpoint.path)
     fabric = mode in FABRIC_MODES + FABRIC_FSDP_MODES
     if ckpt_path is not None and fabric:
@@ -584,7 +595,7 @@ def measure_restore(
         "mode": mode,
         "entry": entry,
         "devices": devices,
-        "strategy": strategy_of(mode),
+        "strategy": strategy or strategy_of(mode),
         "optimizer": "zero" if mode in ZERO_MODES else "adam",
         "width": checkpoint.width,
         "depth": checkpoint.depth,

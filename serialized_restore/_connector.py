@@ -31,11 +31,23 @@ from typing import Any
 from serialized_restore._auto import decide_max_concurrent
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, checkpoint_kind, load_full_checkpoint, upstream_reason
-from serialized_restore._optimizer_state import Fingerprint, OptimizerSource, load_in_place
+from serialized_restore._optimizer_state import Fingerprint, OptimizerSource, converts_on_load, load_in_place
 from serialized_restore._options import SerializedLoading
-from serialized_restore._readers import LoadedCheckpoint, copy_kept_out_of_mapping, read_checkpoint, storages_of
+from serialized_restore._readers import (
+    LoadedCheckpoint,
+    copy_kept_out_of_mapping,
+    read_checkpoint,
+    storages_of,
+    wait_for_device_copies,
+)
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
-from serialized_restore._strategy_path import StrategyPath, job_schedule, placement_of, strategy_path
+from serialized_restore._strategy_path import (
+    StrategyPath,
+    job_schedule,
+    note_one_rank_per_node,
+    placement_of,
+    strategy_path,
+)
 from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
 
 STAGE_FETCH = "fetch checkpoint"
@@ -138,6 +150,7 @@ class _SerializedCheckpointConnectorMixin:
                 restore.settings, self.trainer.strategy, placement, restore.path, source, self._log
             )
             schedule = self._make_schedule(restore, k)
+            note_one_rank_per_node(schedule.placement, self._rank_zero_info)
             with schedule.turn(STAGE_MODULES) as record:
                 restore.reading = True
                 try:
@@ -224,6 +237,7 @@ class _SerializedCheckpointConnectorMixin:
 
     def _release_after_modules(self, restore: _Restore) -> None:
         """(one rank, end of its stage-1 turn) Drop what the second stage does not need."""
+        wait_for_device_copies()
         checkpoint = self._loaded_checkpoint
         if "state_dict" in checkpoint:
             # keep the key, so that the dict never turns empty (upstream skips stage 2 for an empty dict)
@@ -264,7 +278,9 @@ class _SerializedCheckpointConnectorMixin:
         restore.schedule = None
         try:
             in_turns = restore.fitting and (
-                restore.optimizer_source is OptimizerSource.READ_AGAIN or not load_in_place(self.trainer.optimizers)
+                restore.optimizer_source is OptimizerSource.READ_AGAIN
+                or not load_in_place(self.trainer.optimizers)
+                or converts_on_load(self.trainer.optimizers, self._loaded_checkpoint.get("optimizer_states"))
             )
             with schedule.turn(STAGE_TRAINING_STATE, ordered=in_turns, logged=restore.fitting) as record:
                 mapped = self._prepare_optimizer_states(restore, record)
@@ -274,6 +290,7 @@ class _SerializedCheckpointConnectorMixin:
                     # also when a later step failed: no optimizer keeps pages of the file (which may be deleted)
                     if mapped:
                         record.bytes_copied = copy_kept_out_of_mapping(self.trainer.optimizers, mapped)
+                wait_for_device_copies()
                 self._loaded_checkpoint = {}
         except BaseException:
             self._abandon(restore)

@@ -34,8 +34,15 @@ from serialized_restore._readers import (
     optimizer_containers,
     read_checkpoint,
     storages_of,
+    wait_for_device_copies,
 )
-from serialized_restore._strategy_path import StrategyPath, job_schedule, placement_of, strategy_path
+from serialized_restore._strategy_path import (
+    StrategyPath,
+    job_schedule,
+    note_one_rank_per_node,
+    placement_of,
+    strategy_path,
+)
 from serialized_restore._trainer import SerializedCheckpointLoading
 
 STAGE_LOAD = "load checkpoint"
@@ -118,6 +125,9 @@ class SerializedFabricMixin:
         placement = placement_of(self, strategy)
         k = decide_max_concurrent(settings, strategy, placement, path, path, log, owner="Fabric")
         schedule = job_schedule(placement, path, settings, log, k)
+        note_one_rank_per_node(
+            placement, flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=True)
+        )
         with schedule.turn(STAGE_LOAD) as record:
             loaded = read_checkpoint(
                 strategy, path, weights_only, settings.reader, log, read_eagerly=strategy.checkpoint_io.load_checkpoint
@@ -132,6 +142,7 @@ class SerializedFabricMixin:
         with schedule.turn(STAGE_COPY, ordered=False, logged=bool(mapped)) as record:
             if mapped:
                 record.bytes_copied = self._copy_kept(state, remainder, mapped)
+            wait_for_device_copies()
         return remainder
 
     def _load_fsdp(
@@ -181,6 +192,7 @@ class SerializedFabricMixin:
         )
         with schedule.turn(STAGE_COPY, ordered=False, logged=True) as record:
             record.bytes_copied = self._copy_kept(state, checkpoint, mapped)
+            wait_for_device_copies()
         return checkpoint
 
     def _run_upstream(

@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from serialized_restore._flavour import flavour_of
-from serialized_restore._readers import load_mmap, local_path, path_unmappable_reason
+from serialized_restore._readers import (
+    copy_kept_out_of_mapping,
+    load_mmap,
+    local_path,
+    path_unmappable_reason,
+    storages_of,
+    wait_for_device_copies,
+)
 from serialized_restore._turns import TurnSchedule
 
 STAGE_PREPARE_OPTIMIZER_STATE = "prepare optimizer state for FSDP"
@@ -87,7 +94,13 @@ def load_full_checkpoint(
             f" {len(optimizer_states)} optimizers to load. Please resume training with the same number"
             " of optimizers or edit the checkpoint manually to remove states."
         )
+    mapped = storages_of(optimizer_states)
     load_optimizer_states(strategy, model, strategy.optimizers, optimizer_states, schedule, rekey=_keyed_by_name)
+    # what the optimizers keep of the mapped state (each parameter's `step`; with NO_SHARD, everything) becomes
+    # private memory, as on Fabric's FSDP path: no training state stays backed by the file
+    copy_kept_out_of_mapping(strategy.optimizers, mapped)
+    # the optimizers' state went to the GPU from the mapping: done before anything lets go of it
+    wait_for_device_copies()
     return checkpoint
 
 

@@ -61,3 +61,23 @@ def load_in_place(optimizers: list[Any]) -> bool:
     """Whether every optimizer's ``load_state_dict`` is torch's own, which keeps each given state tensor (or a copy
     of it on the parameter's device or in its dtype) and allocates nothing it frees again."""
     return all(type(optimizer).load_state_dict is torch.optim.Optimizer.load_state_dict for optimizer in optimizers)
+
+
+def converts_on_load(optimizers: list[Any], states: Any) -> bool:
+    """Whether torch's ``load_state_dict`` converts a saved floating-point state tensor to its parameter's dtype (an
+    fp32 state into a bf16 model): the conversion allocates a host temporary (before a copy to the GPU, the whole
+    tensor), so the ranks of a node must not do it at once. Saved state is matched to parameters as torch matches it:
+    the saved ``param_groups``' ids, in order, to the optimizer's parameters."""
+    for optimizer, saved in zip(optimizers, states or []):
+        if not isinstance(saved, dict):
+            continue
+        saved_ids = [i for group in saved.get("param_groups", []) for i in group.get("params", [])]
+        params = dict(zip(saved_ids, (p for group in optimizer.param_groups for p in group["params"])))
+        for index, state in saved.get("state", {}).items():
+            param = params.get(index)
+            if param is None or not param.is_floating_point():
+                continue
+            for key, value in state.items():
+                if key != "step" and isinstance(value, torch.Tensor) and value.dtype != param.dtype:
+                    return True
+    return False

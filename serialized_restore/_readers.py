@@ -186,6 +186,15 @@ def read_checkpoint(
     return LoadedCheckpoint(checkpoint, "eager", _file_size(local_path(path)))
 
 
+def wait_for_device_copies() -> None:
+    """(one rank) Wait until the copies queued on the current CUDA stream are done, before the checkpoint's host
+    memory (for a memory-mapped file, the mapping itself) is dropped: a host-to-device copy may still be reading it,
+    and on machines with unified memory CUDA may not stage a pageable copy through a buffer of its own. Does nothing
+    where CUDA is not initialised (nothing was copied to a GPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.current_stream().synchronize()
+
+
 def _strided_tensors(obj: Any) -> Iterator[torch.Tensor]:
     """Every strided (not sparse) tensor in a nested structure of dicts, lists and tuples."""
     if isinstance(obj, torch.Tensor):

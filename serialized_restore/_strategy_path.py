@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed as dist
 
@@ -101,4 +101,21 @@ def job_schedule(
         turn_timeout=float(settings.turn_timeout),
         heartbeat_timeout=float(settings.heartbeat_timeout),
         logger=logger,
+    )
+
+
+_NOTED: set[str] = set()
+"""Notes already logged by this process."""
+
+
+def note_one_rank_per_node(placement: RankPlacement, info: Callable[[str], None]) -> None:
+    """(every rank; ``info`` logs on global rank 0) Say once per process that with one rank per node (a GPU per
+    container, each its own node) no two ranks share a node's memory: turns serialize nothing and save nothing."""
+    if placement.local_world_size > 1 or placement.world_size == 1 or "one rank per node" in _NOTED:
+        return
+    _NOTED.add("one rank per node")
+    info(
+        f"serialized restore: each of the {placement.world_size} nodes runs one rank, so no two ranks restore on the"
+        " same node: the turns serialize nothing and save no memory (each rank still reads memory-mapped where it"
+        " can and keeps only what it restores)."
     )

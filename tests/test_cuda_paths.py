@@ -1,0 +1,244 @@
+"""What a restore does differently on GPU nodes, tested on CPU with real jobs: a checkpoint a GPU job wrote, an FSDP
+restore that leaves nothing of the file mapped, the second stage in turns where loading converts dtypes, the note for
+one rank per node, and the wait for device copies before the checkpoint is dropped.
+
+A GPU job's checkpoint is made the way ``torch.save`` makes one on a GPU (``tests/helpers/cuda_tagged.py``): every
+storage a GPU job holds on its GPU is recorded with the location ``cuda:0``, its bytes as they are; loading it
+without a ``map_location`` on a machine without CUDA fails as it would for a file copied from a GPU node.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from harness.processes import job_env
+from tests.helpers.checks import (
+    JOB_TIMEOUT,
+    assert_same,
+    assert_training_state_equal,
+    max_concurrent,
+    run_ok,
+    turn_intervals,
+)
+from tests.helpers.launch import run_job
+
+pytestmark = pytest.mark.timeout(400)
+
+HELPERS = Path(__file__).with_name("helpers")
+FABRIC_JOB = HELPERS / "fabric_job.py"
+ONE_RANK_PER_NODE = "nodes runs one rank, so no two ranks restore on the same node"
+
+
+def _cuda_tagged(source: str, target: Path) -> str:
+    """``source`` rewritten as a GPU job saves it; checked to be one (``cuda:0`` locations, unloadable here)."""
+    subprocess.run(
+        [sys.executable, str(HELPERS / "cuda_tagged.py"), source, str(target)], env=job_env(), check=True, timeout=120
+    )
+    with zipfile.ZipFile(target) as archive:
+        pickled = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    assert b"cuda:0" in pickled
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(target, weights_only=False)
+    return str(target)
+
+
+@pytest.fixture(scope="module")
+def gpu_checkpoint(reference: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The 2-rank reference checkpoint as a GPU job writes it."""
+    return _cuda_tagged(reference["ckpt"], tmp_path_factory.mktemp("gpu-ckpt") / "epoch1-cuda.ckpt")
+
+
+def _read_lines(ranks: dict[int, Any], stage: str) -> list[str]:
+    return [m for got in ranks.values() for _, m in got["turn_log"] if f"turn for '{stage}' ended" in m]
+
+
+@pytest.mark.parametrize("reader", ["mmap", "eager"])
+def test_trainer_restores_a_gpu_checkpoint_on_cpu(
+    tmp_path: Path, gpu_checkpoint: str, upstream_resume: dict[int, Any], reader: str
+) -> None:
+    """A checkpoint saved on ``cuda:0`` resumes on CPU with both readers, every rank ending in exactly the state
+    upstream reaches from the same checkpoint saved on the host."""
+    config = {"trainer": "ours", "out": str(tmp_path), "max_epochs": 2, "ckpt_path": gpu_checkpoint}
+    result = run_ok(config, env={"SERIALIZED_RESTORE_READER": reader})
+    assert_training_state_equal(result.ranks, upstream_resume)
+    how = "memory-mapped" if reader == "mmap" else "eagerly"
+    lines = _read_lines(result.ranks, "restore modules and callbacks")
+    assert len(lines) == 2 and all(how in line for line in lines), lines
+
+
+@pytest.fixture(scope="module")
+def fabric_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A checkpoint saved by upstream Fabric on 2 ranks, the same as a GPU job writes it, and what upstream Fabric's
+    ``load`` of the first gives every rank."""
+    root = tmp_path_factory.mktemp("fabric-gpu")
+    saved = str(root / "fabric.ckpt")
+    config = {"fabric": "upstream", "action": "save", "out": str(root / "save"), "save_path": saved}
+    result = run_job(config, timeout=JOB_TIMEOUT, script=FABRIC_JOB)
+    assert result.returncode == 0 and not result.errors, result.output[-4000:]
+    config = {"fabric": "upstream", "action": "load", "out": str(root / "load"), "ckpt_path": saved}
+    upstream = run_job(config, timeout=JOB_TIMEOUT, script=FABRIC_JOB)
+    assert upstream.returncode == 0 and not upstream.errors, upstream.output[-4000:]
+    return {"cuda": _cuda_tagged(saved, root / "fabric-cuda.ckpt"), "upstream": upstream.ranks}
+
+
+@pytest.mark.parametrize("reader", ["mmap", "eager"])
+def test_fabric_loads_a_gpu_checkpoint_on_cpu(tmp_path: Path, fabric_checkpoints: dict[str, Any], reader: str) -> None:
+    """``fabric.load`` of a checkpoint saved on ``cuda:0`` gives, with both readers, exactly what upstream Fabric
+    gives from the same checkpoint saved on the host, with nothing kept backed by the file."""
+    config = {"fabric": "ours", "action": "load", "out": str(tmp_path), "ckpt_path": fabric_checkpoints["cuda"]}
+    ours = run_job(config, timeout=JOB_TIMEOUT, env={"SERIALIZED_RESTORE_READER": reader}, script=FABRIC_JOB)
+    assert ours.returncode == 0 and not ours.errors, ours.output[-4000:]
+    upstream = fabric_checkpoints["upstream"]
+    assert sorted(ours.ranks) == sorted(upstream) == [0, 1]
+    for rank in upstream:
+        for key in ("params", "optimizer", "scheduler", "remainder", "plain_state", "counter"):
+            assert_same(ours.ranks[rank][key], upstream[rank][key], f"rank {rank}: {key}")
+        assert ours.ranks[rank]["file_backed"] == [], rank
+    how = "memory-mapped" if reader == "mmap" else "eagerly"
+    lines = _read_lines(ours.ranks, "load checkpoint")
+    assert len(lines) == 2 and all(how in line for line in lines), lines
+
+
+def test_fsdp_restore_leaves_nothing_of_the_file_mapped(tmp_path: Path, reference: dict[str, Any]) -> None:
+    """After the Trainer's FSDP restore (fit, full checkpoint, 2 ranks) no tensor of the checkpoint is held: the
+    file is in no rank's ``/proc/self/maps`` (the optimizers' ``step`` counters are copied out of the mapping)."""
+    ckpt = str(tmp_path / "fsdp.ckpt")
+    Path(ckpt).write_bytes(Path(reference["ckpt"]).read_bytes())  # a file of its own: only this job maps it
+    config = {"strategy": "fsdp_cpu", "trainer": "ours", "out": str(tmp_path / "out"), "max_epochs": 2}
+    result = run_job({**config, "ckpt_path": ckpt}, timeout=JOB_TIMEOUT, script=HELPERS / "maps_job.py")
+    assert result.returncode == 0 and not result.errors, result.output[-6000:]
+    assert "FSDP restores with collectives" in result.output
+    for rank in (0, 1):
+        mapped = json.loads((tmp_path / "out" / f"maps{rank}.json").read_text())
+        assert mapped == [], f"rank {rank} still maps the checkpoint after the restore: {mapped}"
+    assert {got["global_step"] for got in result.ranks.values()} == {8}
+
+
+def test_second_stage_takes_turns_when_loading_converts_dtypes(tmp_path: Path, reference: dict[str, Any]) -> None:
+    """With saved optimizer state in another dtype than its parameters (float64 into a float32 model), torch's
+    ``load_state_dict`` converts each tensor through a temporary, so the ranks of a node run stage 2 in turns (not at
+    once, as they do when nothing is converted); the resume is still exact. The lr scheduler's ``load_state_dict``
+    sleeps 1 s, so that turns run at once would overlap."""
+    checkpoint = torch.load(reference["ckpt"], weights_only=False)
+    for state in checkpoint["optimizer_states"][0]["state"].values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = state[key].double()
+    wide = tmp_path / "float64-state.ckpt"
+    torch.save(checkpoint, wide)
+    config = {"trainer": "ours", "out": str(tmp_path / "out"), "max_epochs": 2, "scheduler_load_sleep": 1.0}
+    result = run_ok({**config, "ckpt_path": str(wide)})
+    assert_training_state_equal(result.ranks, reference["uninterrupted"])
+    second = turn_intervals(result.ranks)["restore training state"]
+    assert sorted(r for _, _, r in second) == [0, 1] and max_concurrent(second) == 1, sorted(second)
+    summary = [m for _, m in result.ranks[0]["turn_log"] if "turns of 'restore training state'" in m]
+    assert len(summary) == 1 and "(at most 1 at once)" in summary[0], summary
+
+
+def test_one_rank_per_node_is_said_once(tmp_path: Path, reference: dict[str, Any]) -> None:
+    """Two nodes of one rank each (as with one GPU per container): rank 0 says once, at INFO, that the turns serialize
+    nothing; the resume is exact."""
+    import socket
+
+    from harness.processes import kill_job, start_job
+    from tests.helpers.launch import JOB
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = {"trainer": "ours", "out": str(tmp_path), "max_epochs": 2, "ckpt_path": reference["ckpt"]}
+    config.update(devices=1, num_nodes=2)
+    torchrun = ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--master-addr=127.0.0.1"]
+    procs = [
+        start_job(
+            JOB,
+            config,
+            cwd=tmp_path,
+            env=job_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+            argv=[*torchrun, f"--master-port={port}", f"--node-rank={node}"],
+        )
+        for node in (0, 1)
+    ]
+    try:
+        outputs = [proc.communicate(timeout=JOB_TIMEOUT)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            kill_job(proc)
+    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    assert sum(output.count(ONE_RANK_PER_NODE) for output in outputs) == 1, outputs[0][-3000:]
+    assert ONE_RANK_PER_NODE in outputs[0]
+    ranks = {int(p.stem[4:]): torch.load(p, weights_only=False) for p in tmp_path.glob("rank*.pt")}
+    assert_training_state_equal(ranks, reference["uninterrupted"])
+
+
+class _RecordingCuda:
+    """Stands in for ``torch.cuda`` inside ``serialized_restore._readers`` only: CUDA initialised, and every wait on
+    the current stream recorded with whether the checkpoint file was still mapped into the process at that moment."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.waits: list[bool] = []
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def current_stream(self) -> Any:
+        from harness.processes import file_mappings
+
+        recorder = self
+
+        class Stream:
+            def synchronize(self) -> None:
+                recorder.waits.append(bool(file_mappings(recorder.path)))
+
+        return Stream()
+
+
+def test_device_copies_are_waited_for_before_the_checkpoint_is_dropped(
+    tmp_path: Path, reference: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where CUDA is initialised, a fit restore (one process, memory-mapped) waits on the current CUDA stream at the
+    end of each stage while the file is still mapped, and only then lets go of it: once the restore is over, nothing
+    of the file is mapped."""
+    import gc
+    import types
+
+    import pytorch_lightning as pl
+
+    from harness.models import dataloader, make_model_class
+    from harness.processes import file_mappings
+    from harness.trainers import quiet_cpu_trainer_kwargs
+    from serialized_restore import Trainer, _readers
+
+    ckpt = tmp_path / "epoch1.ckpt"
+    ckpt.write_bytes(Path(reference["ckpt"]).read_bytes())
+    cuda = _RecordingCuda(str(ckpt))
+    torch_with_cuda = types.ModuleType("torch")
+    torch_with_cuda.__getattr__ = lambda name: getattr(torch, name)  # type: ignore[method-assign]
+    torch_with_cuda.cuda = cuda  # type: ignore[attr-defined]
+    monkeypatch.setattr(_readers, "torch", torch_with_cuda)
+    mapped_after: list[bool] = []
+
+    class MappedAfterRestore(pl.Callback):
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            gc.collect()
+            mapped_after.append(bool(file_mappings(str(ckpt))))
+
+    kwargs = quiet_cpu_trainer_kwargs(str(tmp_path), 1, "auto", max_epochs=2, callbacks=[MappedAfterRestore()])
+    trainer = Trainer(serialized_checkpoint_loading=True, enable_checkpointing=False, **kwargs)
+    trainer.fit(make_model_class("pytorch_lightning")(), train_dataloaders=dataloader(), ckpt_path=str(ckpt))
+    assert len(cuda.waits) >= 2 and all(cuda.waits), cuda.waits
+    assert mapped_after == [False]
