@@ -23,6 +23,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from tests_pytorch.helpers.runif import RunIf
 
 
@@ -103,6 +104,17 @@ def test_mmap_restore_leaves_no_mapping(tmp_path, checkpoint, fn):
         for index, state in saved["optimizer_states"][0]["state"].items():
             for key, tensor in state.items():
                 torch.testing.assert_close(probe.optimizer_state[index][key], tensor)
+
+
+@RunIf(linux_only=True)
+def test_mmap_restore_through_a_wrapping_checkpoint_io(tmp_path, checkpoint):
+    """A wrapped ``TorchCheckpointIO(mmap=True)`` (``AsyncCheckpointIO``) also leaves no tensor backed by the file."""
+    path, _ = checkpoint
+    probe = _MappingProbe(path)
+    plugin = AsyncCheckpointIO(TorchCheckpointIO(mmap=True))
+    _trainer(tmp_path, max_epochs=2, callbacks=[probe], plugins=[plugin]).fit(AdamModel(), ckpt_path=path)
+    assert probe.during
+    assert probe.after == []
 
 
 def test_mmap_fit_resume_matches_reading_into_memory(tmp_path, checkpoint):

@@ -20,15 +20,17 @@ from typing import Any, Optional
 import torch
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
-from lightning_utilities import apply_to_collection, module_available
+from lightning_utilities import module_available
 from torch import Tensor
 
 import lightning.pytorch as pl
 from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import _is_dir, get_filesystem
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.trainer import call
 from lightning.pytorch.trainer.states import TrainerFn
@@ -226,8 +228,7 @@ class _CheckpointConnector:
             rank_zero_info(f"{message} from the checkpoint at {self._ckpt_path}")
 
         # free memory; what the job still holds of a memory-mapped checkpoint is copied out of the file
-        checkpoint_io = self.trainer.strategy.checkpoint_io
-        mapped = isinstance(checkpoint_io, TorchCheckpointIO) and checkpoint_io.mmap
+        mapped = _reads_memory_mapped(self.trainer.strategy.checkpoint_io)
         tensors = _weak_tensor_refs(self._loaded_checkpoint) if mapped else []
         self._loaded_checkpoint = {}
         _copy_out_of_mapping(tensors)
@@ -572,10 +573,18 @@ class _CheckpointConnector:
         return os.path.join(folderpath, f"hpc_ckpt_{ckpt_number}.ckpt")
 
 
-def _weak_tensor_refs(checkpoint: dict[str, Any]) -> list[weakref.ReferenceType[Tensor]]:
-    refs: list[weakref.ReferenceType[Tensor]] = []
-    apply_to_collection(checkpoint, Tensor, lambda tensor: refs.append(weakref.ref(tensor)))
-    return refs
+def _reads_memory_mapped(checkpoint_io: Optional[CheckpointIO]) -> bool:
+    while isinstance(checkpoint_io, _WrappingCheckpointIO):  # e.g. `AsyncCheckpointIO(TorchCheckpointIO(mmap=True))`
+        checkpoint_io = checkpoint_io.checkpoint_io
+    return isinstance(checkpoint_io, TorchCheckpointIO) and checkpoint_io.mmap
+
+
+def _weak_tensor_refs(obj: Any) -> list[weakref.ReferenceType[Tensor]]:
+    """Weak references to the tensors in the dicts, lists and tuples of a loaded checkpoint (rebuilding nothing)."""
+    if isinstance(obj, Tensor):
+        return [weakref.ref(obj)]
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return [ref for value in values for ref in _weak_tensor_refs(value)]
 
 
 def _copy_out_of_mapping(refs: list[weakref.ReferenceType[Tensor]]) -> None:
