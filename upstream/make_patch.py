@@ -118,7 +118,10 @@ def write_tree(snapshot: Path, prs_dir: Path, out: Path, upto: int | None) -> No
         for member in tar:
             if member.name.startswith(PREFIX) and member.isfile():
                 member.name = member.name[len(PREFIX) :]
-                tar.extract(member, out, filter="data")
+                if hasattr(tarfile, "data_filter"):  # no links out of `out`, no special files (Python 3.9.17+)
+                    tar.extract(member, out, filter="data")
+                else:
+                    tar.extract(member, out)
     for pr in list_prs(prs_dir)[:upto]:
         for path, content in tree_files(pr).items():
             (out / path).parent.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,8 @@ def run_job(config: dict[str, Any]) -> None:
             self.net = nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS[config["size"]])))
 
         def training_step(self, batch: Any, _: int) -> torch.Tensor:
-            return self.net(batch[0]).square().mean()
+            loss: torch.Tensor = self.net(batch[0]).square().mean()
+            return loss
 
         def validation_step(self, batch: Any, _: int) -> None:
             self.net(batch[0])
@@ -66,7 +67,7 @@ def run_job(config: dict[str, Any]) -> None:
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, WIDTH)), batch_size=2)
     kwargs = dict(config.get("trainer_kwargs", {}))
     if config.get("mmap"):
-        kwargs["plugins"] = [TorchCheckpointIO(mmap=True)]
+        kwargs["plugins"] = [TorchCheckpointIO(mmap=True)]  # type: ignore[call-arg]  # PR 01's argument
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=config["ranks"],
