@@ -3,7 +3,9 @@
 For each model size and number of local ranks N, a real DDP job (gloo, CPU, Lightning's own ``ddp`` launcher)
 runs ``validate`` and ``fit`` on every variant, with ``ckpt_path`` and, as its baseline, without; this script
 samples the resident anonymous memory (``RssAnon``) of the job's whole process tree from outside and reports the
-node's peak above the baseline's peak as a multiple of S, the checkpoint's size on disk (weights and Adam state).
+node's peak above the baseline's peak as a multiple of S (both peaks taken from the first rank's ``setup`` hook,
+before the restore, to the last rank's return from ``fit``/``validate``: the imports and the process group's start
+come before and are left out), the checkpoint's size on disk (weights and Adam state).
 The checkpoint is taken at step 1 and ``fit`` resumes it with ``max_steps=1``: it restores everything (the optimizer
 state included) and trains no further step; its baseline trains no step either (``limit_train_batches=0``), and the
 figure is net of the optimizer state the fit keeps (N times its size in the checkpoint), which a resumed job holds
@@ -64,6 +66,11 @@ def run_job(config: dict[str, Any]) -> None:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.Adam(self.parameters(), lr=1e-4)
 
+    class Marker(pl.Callback):
+        def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            with open(f"{config['markers']}.{trainer.global_rank}", "a") as markers:
+                markers.write(f"start {time.monotonic()}\n")
+
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, WIDTH)), batch_size=2)
     kwargs = dict(config.get("trainer_kwargs", {}))
     if config.get("mmap"):
@@ -81,13 +88,17 @@ def run_job(config: dict[str, Any]) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=config["root"],
+        callbacks=[Marker()],
         **kwargs,
     )
+
     model = MLP()
     if config["fn"] == "fit":
         trainer.fit(model, train_dataloaders=data, val_dataloaders=data, ckpt_path=config.get("ckpt_path"))
     else:
         trainer.validate(model, dataloaders=data, ckpt_path=config.get("ckpt_path"))
+    with open(f"{config['markers']}.{trainer.global_rank}", "a") as markers:
+        markers.write(f"end {time.monotonic()}\n")
     if config.get("save"):
         trainer.save_checkpoint(config["save"])
 
@@ -129,11 +140,15 @@ _PORTS = iter(range(29500 + os.getpid() % 1000 * 10, 65000))
 
 
 def measure(python: str, tree: Path, config: dict[str, Any]) -> int:
-    """Runs one job and returns the peak of its process tree's summed ``RssAnon``, in bytes."""
+    """Runs one job and returns the peak of its process tree's summed ``RssAnon`` (bytes) in its window: from the
+    earliest ``setup`` of a rank to the latest return from ``fit``/``validate``."""
+    markers = Path(tempfile.mkdtemp(prefix="markers-", dir=config["root"])) / "rank"
+    config = {**config, "markers": str(markers)}
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1", "MASTER_PORT": str(next(_PORTS))}
     cmd = [python, str(Path(__file__).resolve()), "--job", json.dumps(config)]
     job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    peak, pids, scanned = 0, [job.pid], 0.0
+    samples: list[tuple[float, int]] = []
+    pids, scanned = [job.pid], 0.0
     output: list[bytes] = []
     reader = threading.Thread(target=lambda: output.append(job.stdout.read() if job.stdout else b""), daemon=True)
     reader.start()
@@ -144,12 +159,21 @@ def measure(python: str, tree: Path, config: dict[str, Any]) -> int:
             raise RuntimeError(f"job timed out: {config}")
         if time.monotonic() - scanned > 0.05:
             pids, scanned = _tree(job.pid), time.monotonic()
-        peak = max(peak, sum(_rss_anon(pid) for pid in pids))
+        samples.append((time.monotonic(), sum(_rss_anon(pid) for pid in pids)))
         time.sleep(SAMPLE_INTERVAL)
     reader.join()
     if job.returncode != 0:
         raise RuntimeError(f"job failed ({job.returncode}): {config}\n{b''.join(output).decode()[-3000:]}")
-    return peak
+    marks: dict[str, list[float]] = {"start": [], "end": []}
+    for rank_file in markers.parent.iterdir():
+        for line in rank_file.read_text().split("\n"):
+            if line:
+                kind, at = line.split()
+                marks[kind].append(float(at))
+    if len(marks["start"]) != config["ranks"] or len(marks["end"]) != config["ranks"]:
+        raise RuntimeError(f"expected a start and an end marker per rank, got {marks}: {config}")
+    window = [value for at, value in samples if min(marks["start"]) <= at <= max(marks["end"])]
+    return max(window)
 
 
 def _optimizer_state_bytes(ckpt: Path) -> int:
