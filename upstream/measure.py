@@ -27,10 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -136,36 +138,46 @@ def _tree(root: int) -> list[int]:
     return found
 
 
-_PORTS = iter(range(29500 + os.getpid() % 1000 * 10, 65000))
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
-def measure(python: str, tree: Path, config: dict[str, Any]) -> int:
+def measure(python: str, tree: Path, config: dict[str, Any], retries: int = 1) -> int:
     """Runs one job and returns the peak of its process tree's summed ``RssAnon`` (bytes) in its window: from the
     earliest ``setup`` of a rank to the latest return from ``fit``/``validate``."""
     markers = Path(tempfile.mkdtemp(prefix="markers-", dir=config["root"])) / "rank"
     config = {**config, "markers": str(markers)}
-    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1", "MASTER_PORT": str(next(_PORTS))}
+    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": "1", "MASTER_PORT": str(_free_port())}
     cmd = [python, str(Path(__file__).resolve()), "--job", json.dumps(config)]
-    job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    log = markers.parent / "output.log"
+    with open(log, "wb") as output:
+        job = subprocess.Popen(cmd, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     samples: list[tuple[float, int]] = []
     pids, scanned = [job.pid], 0.0
-    output: list[bytes] = []
-    reader = threading.Thread(target=lambda: output.append(job.stdout.read() if job.stdout else b""), daemon=True)
-    reader.start()
     deadline = time.monotonic() + JOB_TIMEOUT
-    while job.poll() is None:
-        if time.monotonic() > deadline:
-            os.killpg(job.pid, 9)
-            raise RuntimeError(f"job timed out: {config}")
-        if time.monotonic() - scanned > 0.05:
-            pids, scanned = _tree(job.pid), time.monotonic()
-        samples.append((time.monotonic(), sum(_rss_anon(pid) for pid in pids)))
-        time.sleep(SAMPLE_INTERVAL)
-    reader.join()
+    try:
+        while job.poll() is None and time.monotonic() < deadline:
+            if time.monotonic() - scanned > 0.05:
+                pids, scanned = _tree(job.pid), time.monotonic()
+            samples.append((time.monotonic(), sum(_rss_anon(pid) for pid in pids)))
+            time.sleep(SAMPLE_INTERVAL)
+    finally:
+        # the other ranks are in rank 0's process group: none outlives it (a failed rank 0 can leave one waiting)
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.wait()
     if job.returncode != 0:
-        raise RuntimeError(f"job failed ({job.returncode}): {config}\n{b''.join(output).decode()[-3000:]}")
+        if retries > 0:  # a port taken by another job between choosing and binding it, on a busy machine
+            print(f"job failed ({job.returncode}), retrying: {log.read_text()[-1000:]}", file=sys.stderr)
+            return measure(python, tree, config, retries - 1)
+        raise RuntimeError(f"job failed ({job.returncode}): {config}\n{log.read_text()[-3000:]}")
     marks: dict[str, list[float]] = {"start": [], "end": []}
-    for rank_file in markers.parent.iterdir():
+    for rank_file in markers.parent.glob("rank.*"):
         for line in rank_file.read_text().split("\n"):
             if line:
                 kind, at = line.split()
@@ -225,6 +237,7 @@ def main() -> None:
                     row |= {"baseline": baseline, "restore": restore, "x_S": round((restore - baseline - kept) / s, 2)}
                     results.append(row)
                     print(json.dumps(row), flush=True)
+    shutil.rmtree(work)
     if args.out:
         args.out.write_text(json.dumps({"command": sys.argv[1:], "results": results}, indent=1) + "\n")
     print(f"\n| size (S) | N | fn | {' | '.join(variant_config)} |\n|---|---|---|---|---|")
