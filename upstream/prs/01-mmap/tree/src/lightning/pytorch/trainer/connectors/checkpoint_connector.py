@@ -228,7 +228,7 @@ class _CheckpointConnector:
             rank_zero_info(f"{message} from the checkpoint at {self._ckpt_path}")
 
         # free memory; what the job still holds of a memory-mapped checkpoint is copied out of the file
-        mapped = _reads_memory_mapped(self.trainer.strategy.checkpoint_io)
+        mapped = bool(self._loaded_checkpoint) and _reads_memory_mapped(self.trainer.strategy.checkpoint_io)
         tensors = _weak_tensor_refs(self._loaded_checkpoint) if mapped else []
         self._loaded_checkpoint = {}
         _copy_out_of_mapping(tensors)
