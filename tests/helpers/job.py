@@ -4,9 +4,10 @@ Usage: ``python tests/helpers/job.py '<json config>'``. Lightning's ``ddp`` laun
 for every other local rank. Every rank writes what it ends with to ``<out>/rank<global_rank>.pt`` (or, when the run
 raises, ``<out>/rank<global_rank>.error.json``), so that a test can assert on every rank.
 
-With ``SERIALIZED_RESTORE_TRAINER=patched-upstream`` (``.ci/upstream_check.sh``), ``"trainer": "ours"`` is
-``lightning.pytorch.Trainer`` of a Lightning tree patched with the series of ``upstream/series/``, and
-``serialized_restore`` cannot be imported.
+With ``SERIALIZED_RESTORE_TRAINER=patched-upstream``, ``"trainer": "ours"`` is ``lightning.pytorch.Trainer`` of a
+Lightning tree patched with a ``serialized_checkpoint_loading`` argument, and ``serialized_restore`` cannot be
+imported. CI no longer sets it (``.ci/upstream_check.sh`` runs the series' own tests on Lightning master); the hook
+stays while ``tests/conftest.py``, ``tests/test_restore.py`` and ``tests/test_strategies.py`` read it.
 """
 
 from __future__ import annotations
