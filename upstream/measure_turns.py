@@ -1,0 +1,216 @@
+"""Node memory of a restore on Lightning master, unpatched vs with `Trainer(serialized_checkpoint_loading=...)`.
+
+Figures for the upstream pull requests `03-serialized-loading` and `04-fsdp-full-state`. Each job is a real DDP (or
+FSDP) run on CPU over gloo, started as Lightning starts it: this script runs as global rank 0 and Lightning's own
+`ddp` launcher starts the other local ranks. The parent samples the ``RssAnon`` of every process of the job's tree
+(``/proc/<pid>/status``, every 2 ms, the ranks at a lower priority) and reports the peak of its sum, the node's peak
+anonymous memory. A job with a checkpoint is compared with the same job without one (the baseline):
+
+* ``validate``: ``trainer.validate(ckpt_path=...)`` on one batch; nothing of the checkpoint needs to stay.
+* ``fit``: ``trainer.fit(ckpt_path=...)`` with ``max_steps`` equal to the checkpoint's step, so the job ends right
+  after the restore; its baseline (no checkpoint, ``max_steps=0``) holds no optimizer state, so the figure is given
+  net of the optimizer state the job keeps in any case (N copies under DDP, one in N shards under FSDP).
+
+Which Lightning runs is chosen by ``PYTHONPATH``: ``--master`` and ``--patched`` name two ``src/`` folders (the
+pristine snapshot and the snapshot with the series applied). Small sizes only: this is meant for a shared machine.
+
+    python upstream/measure_turns.py --master M/src --patched P/src --python VENV/bin/python --sizes 8 40 --devices 2 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HIDDEN = 1024
+MIB = 2**20
+
+
+def _model(layers: int) -> Any:
+    import torch
+    from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+
+    class Mlp(BoringModel):
+        def __init__(self) -> None:
+            super().__init__()
+            # `BoringModel.forward` runs `self.layer`
+            self.layer = torch.nn.Sequential(*(torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(layers)))  # type: ignore[assignment]
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.Adam(self.parameters(), lr=1e-4)
+
+        def train_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(RandomDataset(HIDDEN, 4), batch_size=2)
+
+        def val_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(RandomDataset(HIDDEN, 2), batch_size=2)
+
+    return Mlp()
+
+
+def _strategy(kind: str) -> Any:
+    if kind == "ddp":
+        return "ddp"
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    # the Trainer refuses the `fsdp` strategy on CPU; a subclass is the documented way around its guard
+    class CPUFSDPStrategy(FSDPStrategy):
+        pass
+
+    return CPUFSDPStrategy(state_dict_type="full")
+
+
+def job(spec: dict[str, Any]) -> None:
+    """One measured run (rank 0 of a DDP job; Lightning's launcher re-runs this command for the other ranks)."""
+    from lightning.pytorch import Trainer
+
+    kwargs: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=spec["devices"],
+        strategy=_strategy(spec["strategy"]),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=1,
+        max_steps=spec["steps"] if spec["ckpt"] else 0,
+    )
+    if spec["turns"]:
+        kwargs["serialized_checkpoint_loading"] = spec["turns"]
+    trainer = Trainer(**kwargs)
+    getattr(trainer, spec["fn"])(_model(spec["layers"]), ckpt_path=spec["ckpt"])
+
+
+def prepare(layers: int, path: Path) -> None:
+    """Writes a checkpoint of the model after two steps of Adam, with Lightning's single-device Trainer."""
+    from lightning.pytorch import Trainer
+
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False)
+    trainer.fit(_model(layers))
+    trainer.save_checkpoint(path)
+
+
+def _rss_anon(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def measure(python: str, src: str, spec: dict[str, Any], timeout: float = 600.0) -> dict[str, float]:
+    """Runs one job and samples its process tree; returns its node peak anonymous memory and wall time."""
+    import psutil
+
+    env = dict(os.environ, PYTHONPATH=src, OMP_NUM_THREADS="1")
+    start = time.monotonic()
+    # the ranks run at a lower priority than this sampler, so that it does not miss a short peak of a busy node
+    proc = subprocess.Popen(
+        [python, __file__, "--job", json.dumps(spec)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: os.nice(10),
+    )
+    root = psutil.Process(proc.pid)
+    pids = [proc.pid]
+    peak = 0
+    last_scan = 0.0
+    try:
+        while proc.poll() is None:
+            now = time.monotonic()
+            if now - start > timeout:
+                raise TimeoutError(f"job {spec} did not finish in {timeout} s")
+            if now - last_scan > 0.2:
+                try:
+                    pids = [proc.pid] + [child.pid for child in root.children(recursive=True)]
+                except psutil.NoSuchProcess:
+                    break
+                last_scan = now
+            peak = max(peak, sum(_rss_anon(pid) for pid in pids))
+            time.sleep(0.002)
+    finally:
+        if proc.poll() is None:
+            for child in root.children(recursive=True):
+                child.kill()
+            proc.kill()
+    if proc.wait() != 0:
+        raise RuntimeError(f"job {spec} failed with exit code {proc.returncode}")
+    return {"peak": peak, "seconds": time.monotonic() - start}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    parser.add_argument("--master", help="src/ of the unpatched snapshot")
+    parser.add_argument("--patched", help="src/ of the snapshot with the series applied")
+    parser.add_argument("--python", default=sys.executable, help="a Python with torch, psutil and Lightning's deps")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 40], help="model sizes in millions of parameters")
+    parser.add_argument("--devices", type=int, nargs="+", default=[2, 4], help="local ranks (N)")
+    parser.add_argument("--fns", nargs="+", default=["validate", "fit"])
+    parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp")
+    parser.add_argument("--turns", type=int, default=1, help="k of the patched runs (0: the patched default)")
+    parser.add_argument("--out", type=Path, help="write the raw results here as JSON")
+    args = parser.parse_args()
+    if args.job:
+        job(json.loads(args.job))
+        return
+
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes:
+            layers = max(1, round(size * 1e6 / (HIDDEN * HIDDEN + HIDDEN)))
+            ckpt = Path(tmp, f"{size}M.ckpt")
+            env = dict(os.environ, PYTHONPATH=args.master)
+            code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import measure_turns as m;"
+            code += f" m.prepare({layers}, {str(ckpt)!r})"
+            subprocess.run([args.python, "-c", code], env=env, check=True, stdout=subprocess.DEVNULL)
+            ckpt_mib = ckpt.stat().st_size / MIB
+            params = layers * (HIDDEN * HIDDEN + HIDDEN)
+            weights_mib = params * 4 / MIB
+            for devices in args.devices:
+                for fn in args.fns:
+                    base = dict(layers=layers, devices=devices, fn=fn, steps=2, strategy=args.strategy, turns=0)
+                    runs = {
+                        "baseline": (args.master, dict(base, ckpt=None)),
+                        "master": (args.master, dict(base, ckpt=str(ckpt))),
+                        "patched": (args.patched, dict(base, ckpt=str(ckpt), turns=args.turns)),
+                    }
+                    row: dict[str, Any] = dict(
+                        size_m=size, params=params, ckpt_mib=ckpt_mib, devices=devices, fn=fn, strategy=args.strategy
+                    )
+                    for name, (src, spec) in runs.items():
+                        row[name] = measure(args.python, src, spec)
+                    # what the job keeps in any case after `fit`: the optimizer state (Adam: 2 x weights), whole on
+                    # each DDP rank, one shard per FSDP rank
+                    kept = (devices if args.strategy == "ddp" else 1) * 2 * weights_mib if fn == "fit" else 0.0
+                    for name in ("master", "patched"):
+                        above = (row[name]["peak"] - row["baseline"]["peak"]) / MIB - kept
+                        row[f"{name}_mib"] = above
+                        row[f"{name}_x_s"] = above / ckpt_mib
+                    results.append(row)
+                    print(
+                        f"{size}M (S={ckpt_mib:.0f} MiB) N={devices} {fn:8s} {args.strategy}:"
+                        f" master {row['master_mib']:7.0f} MiB ({row['master_x_s']:.2f} x S),"
+                        f" patched {row['patched_mib']:7.0f} MiB ({row['patched_x_s']:.2f} x S);"
+                        f" wall s: baseline {row['baseline']['seconds']:.1f}, master {row['master']['seconds']:.1f},"
+                        f" patched {row['patched']['seconds']:.1f}",
+                        flush=True,
+                    )
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
