@@ -220,6 +220,8 @@ class Run:
                 job.status, job.detail = "not run", f"whole-run bound: {left:.0f}s of --budget left"
             else:
                 self._run_job(job, min(self.args.job_timeout, left))
+                if job.status == "error" and left < self.args.job_timeout and "timed out" in job.detail:
+                    job.detail = f"whole-run bound: stopped after the {left:.0f}s of --budget left ({job.detail})"
             print(f"{job.name:<28} {job.status:<8} {job.seconds:6.1f}s  {job.detail}".rstrip(), flush=True)
             self.write()
 

@@ -53,11 +53,18 @@ def local_path(path: Any) -> str | None:
     return path
 
 
-def _missing(path: Any) -> bool:
-    """Whether ``path`` is a local path with nothing there: reading it raises upstream's own error, which needs no
-    word about readers before it."""
+def _not_a_checkpoint(path: Any) -> bool:
+    """Whether ``path`` is a local path with nothing there, or a file that is neither a zip archive nor a pickle (not a
+    checkpoint of any format): reading it raises upstream's own error, which needs no word about readers before it."""
     local = local_path(path)
-    return local is not None and not os.path.lexists(local)
+    if local is None or not os.path.lexists(local):
+        return local is not None
+    try:
+        with open(local, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return os.path.isfile(local) and not head.startswith(_ZIP_MAGIC) and not head.startswith(b"\x80")
 
 
 def _file_size(path: str | None) -> int:
@@ -123,7 +130,7 @@ class MmapCheckpointIOMixin:
         reason = path_unmappable_reason(path)
         if reason is None:
             return load_mmap(path, map_location, weights_only)
-        if not _missing(path):
+        if not _not_a_checkpoint(path):
             info(f"MmapCheckpointIO: reading {path!r} eagerly instead of memory-mapped: {reason}.")
         return super().load_checkpoint(  # type: ignore[misc]
             path, map_location=map_location, weights_only=weights_only
@@ -149,9 +156,9 @@ def _accept_in_every_imported_flavour(cls: type) -> None:
 def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, str | None]:
     """The one rule for how a rank reads ``path``: ``("mmap", None)`` where ``requested`` (``"auto"``, ``"mmap"``
     or ``"eager"``) allows it and the file can be memory-mapped for ``strategy``, else ``("eager", why)``, ``why``
-    being ``None`` when eager reading was requested or when there is no file to read (the eager read raises
+    being ``None`` when eager reading was requested or when there is no checkpoint to read (the eager read raises
     upstream's error). ``"auto"``'s memory estimate uses it before anything is read."""
-    if requested == "eager" or _missing(path):
+    if requested == "eager" or _not_a_checkpoint(path):
         return "eager", None
     reason = mmap_unsupported_reason(strategy, path)
     return ("mmap", None) if reason is None else ("eager", reason)

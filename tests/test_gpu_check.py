@@ -140,8 +140,12 @@ def test_the_whole_run_bound_keeps_the_jobs_that_finished(tmp_path: Path) -> Non
     bounded = [job for job in jobs if job["status"] == "not run"]
     assert finished and finished[0]["name"] == "checkpoint", jobs
     assert bounded and all("whole-run bound" in job["detail"] for job in bounded), bounded
-    assert len(finished) + len(bounded) == len(jobs)
-    assert all(job["cell"] is not None for job in finished[1:])
+    # every job ran to its verdict (at this tiny size a memory check may fail: the checks are not what this pins),
+    # was not run, or was in flight when the budget ran out and says so
+    ran = [job for job in jobs if job["status"] in ("passed", "failed")]
+    cut = [job for job in jobs if job["status"] == "error" and "whole-run bound" in job["detail"]]
+    assert len(ran) + len(bounded) + len(cut) == len(jobs), [(job["name"], job["status"]) for job in jobs]
+    assert all(job["cell"] is not None for job in ran[1:])
 
 
 def test_checks_fail_on_what_they_guard(tmp_path: Path) -> None:

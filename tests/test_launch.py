@@ -158,7 +158,7 @@ def test_program_value_wins_and_is_logged(tmp_path: Path) -> None:
     code = (
         "import lightning.fabric as L\n"
         "fabric = L.Fabric(accelerator='cpu', serialized_checkpoint_loading=2)\n"
-        "print('kept:', fabric._serialized_loading.max_concurrent)"
+        "print('kept:', fabric._serialized_settings.max_concurrent)"
     )
     launched = _run([*LAUNCHER, "--auto", "--", sys.executable, "-c", code], tmp_path)
     assert "kept: 2" in launched

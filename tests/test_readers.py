@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,21 @@ def test_a_missing_file_is_read_eagerly_without_a_reason(tmp_path: Path, caplog:
         with pytest.raises(FileNotFoundError, match="Checkpoint file not found"):
             MmapCheckpointIO().load_checkpoint(missing, weights_only=True)
     assert "eagerly" not in caplog.text
+
+
+def test_a_file_that_is_no_checkpoint_is_read_eagerly_without_a_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file that is neither a zip archive nor a pickle (random bytes) gets no reader line: upstream's own error is
+    the only word about it; a legacy (pickle) checkpoint still says why it is read eagerly."""
+    garbage = tmp_path / "random.ckpt"
+    garbage.write_bytes(bytes(range(7, 200)) * 10)
+    assert choose_reader(_strategy(), str(garbage), "mmap") == ("eager", None)
+    with caplog.at_level(logging.INFO):
+        with pytest.raises(pickle.UnpicklingError):
+            read_checkpoint(_strategy(), str(garbage), weights_only=True, reader="mmap")
+    assert "eagerly" not in caplog.text
+    legacy = tmp_path / "legacy.ckpt"
+    torch.save({"a": torch.ones(2)}, legacy, _use_new_zipfile_serialization=False)
+    chosen, reason = choose_reader(_strategy(), str(legacy), "mmap")
+    assert chosen == "eager" and reason is not None and "zip format" in reason
