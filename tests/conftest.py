@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Any
 
 import pytest
@@ -18,10 +17,6 @@ from tests.helpers.launch import run_job
 # and CI containers) one lookup stalls the store for its default 5 s timeout, which the tests' prompt bounds would
 # count as the restore's. Every process the tests start inherits this (as the coordination benchmark does).
 os.environ.setdefault("RES_OPTIONS", "attempts:1 timeout:1")
-
-if os.environ.get("SERIALIZED_RESTORE_TRAINER", "") == "patched-upstream":
-    # tested against a patched Lightning (.ci/upstream_check.sh): the add-on must not be what runs
-    sys.modules["serialized_restore"] = None  # type: ignore[assignment]
 
 
 @pytest.fixture(scope="session")

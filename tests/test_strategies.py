@@ -104,7 +104,7 @@ from tests.helpers import job
 from harness.models import lightning_module
 
 config = json.loads(sys.argv[1])
-pl = lightning_module("lightning" if job.PATCHED_UPSTREAM else config.get("flavour", "pytorch_lightning"))
+pl = lightning_module(config.get("flavour", "pytorch_lightning"))
 
 
 class PlainDDPSubclass(pl.strategies.DDPStrategy):

@@ -3,17 +3,10 @@
 Usage: ``python tests/helpers/job.py '<json config>'``. Lightning's ``ddp`` launcher re-runs this same command line
 for every other local rank. Every rank writes what it ends with to ``<out>/rank<global_rank>.pt`` (or, when the run
 raises, ``<out>/rank<global_rank>.error.json``), so that a test can assert on every rank.
-
-With ``SERIALIZED_RESTORE_TRAINER=patched-upstream``, ``"trainer": "ours"`` is ``lightning.pytorch.Trainer`` of a
-Lightning tree patched with a ``serialized_checkpoint_loading`` argument, and ``serialized_restore`` cannot be
-imported. CI no longer sets it (``.ci/upstream_check.sh`` runs the series' own tests on Lightning master); the hook
-stays while ``tests/conftest.py``, ``tests/test_restore.py`` and ``tests/test_strategies.py`` read it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import json
 import os
 import sys
@@ -25,12 +18,6 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-TRAINER_ENV = "SERIALIZED_RESTORE_TRAINER"
-PATCHED_UPSTREAM = os.environ.get(TRAINER_ENV, "") == "patched-upstream"
-if PATCHED_UPSTREAM:
-    # what runs must be the patched upstream Trainer, never the add-on next to these tests
-    sys.modules["serialized_restore"] = None  # type: ignore[assignment]
 
 from harness.models import (  # noqa: E402
     dataloader,
@@ -51,19 +38,14 @@ def build_trainer(config: dict[str, Any]) -> Any:
         trainer_cls = lightning_module(flavour).Trainer
         extra: dict[str, Any] = {}
     else:
-        if PATCHED_UPSTREAM:
-            trainer_cls = patched_upstream_trainer(flavour)
-        elif flavour == "lightning":
+        if flavour == "lightning":
             from serialized_restore.lightning import Trainer as trainer_cls
         else:
             from serialized_restore import Trainer as trainer_cls
         value = config.get("serialized", True)
         if isinstance(value, dict):
-            # the fields of a SerializedLoading, of the package or of the patched Lightning tree
-            if PATCHED_UPSTREAM:
-                from lightning.pytorch.trainer.connectors.serialized_restore import SerializedLoading
-            else:
-                from serialized_restore import SerializedLoading
+            from serialized_restore import SerializedLoading
+
             value = SerializedLoading(**value)
         extra = {"serialized_checkpoint_loading": value}
     callback = make_callback_class(flavour)()
@@ -106,33 +88,7 @@ def build_trainer(config: dict[str, Any]) -> Any:
     return trainer, callback
 
 
-def reads_memory_mapped() -> bool:
-    """Whether ``"trainer": "ours"`` can read a checkpoint memory-mapped: the package's always; a patched Lightning
-    tree from the series' memory-mapped reading step on (its ``SerializedLoading`` then has a ``reader``)."""
-    if not PATCHED_UPSTREAM:
-        return True
-    from lightning.pytorch.trainer.connectors.serialized_restore import SerializedLoading
-
-    return "reader" in {field.name for field in dataclasses.fields(SerializedLoading)}
-
-
-def patched_upstream_trainer(flavour: str) -> Any:
-    """``lightning.pytorch.Trainer``, checked to be a patched one."""
-    if flavour != "lightning":
-        raise ValueError(f"{TRAINER_ENV}=patched-upstream runs the `lightning` flavour only, not {flavour!r}")
-    from lightning.pytorch import Trainer
-
-    if "serialized_checkpoint_loading" not in inspect.signature(Trainer.__init__).parameters:
-        raise RuntimeError(
-            f"{TRAINER_ENV}=patched-upstream, but lightning.pytorch.Trainer ({inspect.getfile(Trainer)}) has no"
-            " `serialized_checkpoint_loading`: install a Lightning tree patched with upstream/series/*.patch."
-        )
-    return Trainer
-
-
 def main(config: dict[str, Any]) -> None:
-    if PATCHED_UPSTREAM and config["trainer"] == "ours":
-        config = {**config, "flavour": "lightning"}
     torch.manual_seed(0)
     flavour = config.get("flavour", "pytorch_lightning")
     trainer, callback = build_trainer(config)
