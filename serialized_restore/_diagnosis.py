@@ -59,7 +59,7 @@ class Where:
         """The innermost run of frames in ``torch.distributed``: its first frame and its public function's frame."""
         first = None
         for i in range(len(self.frames) - 1, -1, -1):
-            if _in_torch_distributed(self.frames[i][0]):
+            if "torch/distributed/" in self.frames[i][0].replace(os.sep, "/"):
                 first = i
             elif first is not None:
                 break
@@ -85,10 +85,6 @@ class Where:
     @classmethod
     def from_json(cls, text: str) -> Where:
         return cls([(str(f), int(line), str(name), str(source)) for f, line, name, source in json.loads(text)])
-
-
-def _in_torch_distributed(filename: str) -> bool:
-    return f"torch{os.sep}distributed{os.sep}" in filename or "torch/distributed/" in filename
 
 
 def timeout_failures(
@@ -143,43 +139,21 @@ def timeout_failures(
                 " for example a collective such as `broadcast` or `barrier` in `on_load_checkpoint` or in a"
                 " callback's `load_state_dict`, which cannot complete while they wait for their turn."
             )
-        failures.append(
-            RankFailure(
-                global_rank=arrived.get((node, local), node * local_world_size + local),
-                node_rank=node,
-                local_rank=local,
-                stage=stage,
-                kind=FailureKind.TIMEOUT,
-                message=(
-                    f"still inside its turn after {now - logs[node].started[local]:.1f}s, and no turn on node {node}"
-                    f" has started or ended for {idle:.1f}s: longer than the turn timeout, {setting}.{cause}"
-                    + (f"\n  Where its main thread was:\n{where.text}" if where is not None else "")
-                ),
-                reported_by=me,
-            )
+        message = (
+            f"still inside its turn after {now - logs[node].started[local]:.1f}s, and no turn on node {node} has"
+            f" started or ended for {idle:.1f}s: longer than the turn timeout, {setting}.{cause}"
         )
-    if not failures:
-        for node, local in absent or [(my_node, my_local)]:
-            failures.append(
-                RankFailure(
-                    global_rank=node * local_world_size + local if absent else me,
-                    node_rank=node,
-                    local_rank=local,
-                    stage=stage,
-                    kind=FailureKind.TIMEOUT,
-                    message=(
-                        f"rank {me} waited {idle:.1f}s for {what} with no turn starting or ending, longer than the"
-                        f" turn timeout, {setting}: "
-                        + (
-                            "this rank has not reached the restore (it may be slower to start, or stuck before it)."
-                            if absent
-                            else "no rank is inside its turn."
-                        )
-                    ),
-                    reported_by=me,
-                )
-            )
-    return failures
+        if where is not None:
+            message += f"\n  Where its main thread was:\n{where.text}"
+        rank = arrived.get((node, local), node * local_world_size + local)
+        failures.append(RankFailure(rank, node, local, stage, FailureKind.TIMEOUT, message, reported_by=me))
+    if failures:
+        return failures
+    why = "this rank has not reached the restore (it may be slower to start, or stuck before it)."
+    message = f"rank {me} waited {idle:.1f}s for {what} with no turn starting or ending, longer than the turn timeout,"
+    message += f" {setting}: {why if absent else 'no rank is inside its turn.'}"
+    blamed = [(node * local_world_size + local, node, local) for node, local in absent] or [observer]
+    return [RankFailure(*who, stage, FailureKind.TIMEOUT, message, reported_by=me) for who in blamed]
 
 
 def diagnose_stall(

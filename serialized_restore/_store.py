@@ -1,11 +1,8 @@
 """The schedule's store: its connections, its key names, and the failure records a stage's ranks post and read.
 
-A rank talks to the job's ``TCPStore`` (the default process group's store) through two connections: the *main* one, a
-``clone()`` on which the rank's main thread blocks in ``get`` until a key is set (a blocking operation holds its
-connection, so nothing else uses it), and the *side* one, the job's store itself, for the short operations of the
-rank's watch thread (``_liveness``). A blocking ``get`` that times out writes a c10d warning to stderr that Python
-cannot filter, so no wait relies on its timeout: every wait ends when a key is set, and the connection's timeout is
-only a backstop. Every error from the store becomes :class:`StoreLost`, a backstop timeout :class:`StoreTimeout`.
+A rank's main thread blocks in ``get`` on the *main* connection, a ``clone()`` of the job's store (a blocking operation
+holds its connection); its watch thread makes short operations on the *side* one, the job's store itself. Every error
+from the store becomes :class:`StoreLost`; the main connection's backstop timeout :class:`StoreTimeout`.
 """
 
 from __future__ import annotations
@@ -28,11 +25,6 @@ class StoreTimeout(StoreLost):
     """A blocking operation reached the connection's backstop timeout; the store itself may be fine."""
 
 
-def _is_timeout(err: BaseException) -> bool:
-    store_error = getattr(dist, "DistStoreError", None)
-    return store_error is not None and isinstance(err, store_error) and "timeout" in str(err).lower()
-
-
 class StoreView:
     """One connection to a schedule's namespace in the store; every failure raises :class:`StoreLost`."""
 
@@ -43,7 +35,8 @@ class StoreView:
         try:
             return getattr(self.raw, method)(*args)
         except Exception as err:  # DistNetworkError, DistStoreError, RuntimeError depending on torch version
-            raise (StoreTimeout if _is_timeout(err) else StoreLost)(str(err)) from err
+            timeout = isinstance(err, dist.DistStoreError) and "timeout" in str(err).lower()
+            raise (StoreTimeout if timeout else StoreLost)(str(err)) from err
 
     def add(self, key: str, amount: int) -> int:
         return int(self._call("add", key, amount))
@@ -97,13 +90,8 @@ def open_namespace(job_store: Any, global_rank: int, backstop: float) -> tuple[S
     try:
         connection = _second_connection(job_store)
         connection.set_timeout(datetime.timedelta(seconds=backstop))
-    except Exception as err:
-        network_error = getattr(dist, "DistNetworkError", None)
-        if network_error is not None and isinstance(err, network_error):
-            raise StoreLost(str(err)) from err
-        # a store without clone(): the watch's operations then wait behind the main thread's blocking ones, which
-        # delays wake-ups set by this rank's own watch but loses none
-        connection = job_store
+    except Exception as err:  # every store a process group is built on clones; an error here is a lost store
+        raise StoreLost(str(err)) from err
     return StoreView(dist.PrefixStore(prefix, connection)), StoreView(dist.PrefixStore(prefix, job_store))
 
 

@@ -178,13 +178,14 @@ class TurnSchedule:
                     waited = f"after waiting {record.waited:.2f}s" if ordered else "with the node's other ranks at once"
                     self.log.info(f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started {waited}")
             except StoreLost as err:
-                raise exchange.store_lost([], err) from None
+                raise exchange.store_lost(err) from None
             started, memory_before = time.monotonic(), private_memory()
             try:
                 with watch.in_turn():
                     yield record
             except (KeyboardInterrupt, SystemExit) as err:
-                exchange.acknowledge([failure_from_exception(p, stage, err, self.checkpoint_path)])
+                with contextlib.suppress(StoreLost):
+                    exchange.acknowledge([failure_from_exception(p, stage, err, self.checkpoint_path)])
                 raise
             except BaseException as err:
                 error = exchange.abort([failure_from_exception(p, stage, err, self.checkpoint_path)], err)
@@ -201,7 +202,7 @@ class TurnSchedule:
                 if logged and p.local_rank == 0:
                     self._log_node_summary(main, keys, ordered)
             except StoreLost as err:
-                raise exchange.store_lost([], err) from None
+                raise exchange.store_lost(err) from None
         finally:
             watch.stop()
 

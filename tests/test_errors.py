@@ -37,8 +37,9 @@ def test_records_round_trip_and_anything_else_is_refused_by_name():
         "{not json": "not JSON",
         "[1, 2]": "not an object",
         '{"global_rank": 1}': "missing fields",
-        '{"global_rank": "1", "stage": "s", "kind": "died", "message": "m"}': "'global_rank' is str",
-        '{"global_rank": 1, "stage": "s", "kind": "exploded", "message": "m"}': "unknown kind",
+        own.to_json().replace('"global_rank": 1', '"global_rank": "1"'): "'global_rank' is str",
+        own.to_json().replace('"node_rank": 0', '"node_rank": true'): "'node_rank' is bool",
+        own.to_json().replace('"exception"', '"exploded"'): "'exploded' is not a valid FailureKind",
     }
     for text, reason in bad.items():
         with pytest.raises(ValueError, match=reason):
