@@ -1,8 +1,6 @@
 """A stalled stage, diagnosed: whom to blame when nothing moved for the turn timeout, and why.
 
-:func:`diagnose_stall` (a rank's watch thread, once per wait) gathers the facts from the store; everything else only
-turns facts into :class:`~serialized_restore.RankFailure` records, so that each message can be tested without
-processes.
+:func:`diagnose_stall` gathers the facts from the store; :func:`timeout_failures` turns them into records.
 """
 
 from __future__ import annotations
@@ -31,20 +29,24 @@ class Where:
 
     frames: list[tuple[str, int, str, str]]
 
-    @property
-    def collective(self) -> str | None:
-        """The ``torch.distributed`` function the thread is blocked in, if any."""
-        run = self._distributed_run()
-        return self.frames[run[1]][2] if run is not None else None
-
-    @property
-    def caller(self) -> str:
-        """The frame that called into ``torch.distributed``."""
-        run = self._distributed_run()
-        if run is None or run[0] == 0:
-            return "code outside the frames recorded"
-        filename, line, name, _ = self.frames[run[0] - 1]
-        return f"`{name}` ({filename}, line {line})"
+    def collective(self) -> tuple[str, str] | None:
+        """The public ``torch.distributed`` function the thread is blocked in (the innermost run of its frames, past
+        decorators and private helpers) and the frame that called it, if any."""
+        first = None
+        for i in range(len(self.frames) - 1, -1, -1):
+            if "torch/distributed/" in self.frames[i][0].replace(os.sep, "/"):
+                first = i
+            elif first is not None:
+                break
+        if first is None:
+            return None
+        api = first
+        while api < len(self.frames) - 1 and self.frames[api][2].startswith(("wrapper", "_")):
+            api += 1
+        if first == 0:
+            return self.frames[api][2], "code outside the frames recorded"
+        filename, line, name, _ = self.frames[first - 1]
+        return self.frames[api][2], f"`{name}` ({filename}, line {line})"
 
     @property
     def text(self) -> str:
@@ -54,22 +56,6 @@ class Where:
             if source:
                 lines.append(f"      {source}")
         return "\n".join(lines)
-
-    def _distributed_run(self) -> tuple[int, int] | None:
-        """The innermost run of frames in ``torch.distributed``: its first frame and its public function's frame."""
-        first = None
-        for i in range(len(self.frames) - 1, -1, -1):
-            if "torch/distributed/" in self.frames[i][0].replace(os.sep, "/"):
-                first = i
-            elif first is not None:
-                break
-        if first is None:
-            return None
-        # skip decorators (`c10d_logger`'s `wrapper`) and private helpers to the public function
-        api = first
-        while api < len(self.frames) - 1 and self.frames[api][2].startswith(("wrapper", "_")):
-            api += 1
-        return first, api
 
     @classmethod
     def of_thread(cls, ident: int) -> Where | None:
@@ -124,10 +110,11 @@ def timeout_failures(
     failures = []
     for node, local in busy:
         where = wheres.get((node, local))
-        if where is not None and where.collective:
+        blocked = where.collective() if where is not None else None
+        if blocked is not None:
             cause = (
-                f" It is blocked in the collective `torch.distributed.{where.collective}`, called from"
-                f" {where.caller}: a collective inside a turn cannot complete while the other ranks wait for"
+                f" It is blocked in the collective `torch.distributed.{blocked[0]}`, called from"
+                f" {blocked[1]}: a collective inside a turn cannot complete while the other ranks wait for"
                 " their turn. Hooks that run during the restore (`on_load_checkpoint`, a callback's"
                 " `load_state_dict`) must not run collectives while `serialized_checkpoint_loading` is on;"
                 " move the collective to `setup` or `on_fit_start`, or turn the option off."

@@ -1,16 +1,11 @@
 """Liveness: while a rank takes part in a stage, its :class:`Watch` keeps it visible and ends every wait in its bound.
 
-One watch per rank and stage, stepped every ``tick`` (at most ``_TICK`` seconds) on the rank's side connection, with
-three jobs: **heartbeat** (every ``heartbeat_timeout / 4`` seconds, at most ``_BEAT_MAX``); **peer watch** (a process
-of its node gone from this machine is seen in ``/proc`` within a tick, a heartbeat silent for the heartbeat timeout
-at the beat rate; either is posted); **turn timeout** (while the main thread waits, it re-checks every ``_RECHECK``
-seconds, or a tenth of a shorter turn timeout, what the wait is for: it repairs a lost wake-up or close, and posts a
-timeout when nothing moved for the turn timeout). It also sets the failure exchange's waits free at their bound, and
-while the main thread is inside its turn publishes where it is (for the timeout message) and keeps the stage's
-failure reports, so that a rank can name a failure after losing the store.
-
-A :class:`WatchHost` runs the watches: by default each on a daemon thread of its own (:class:`OwnThread`); a
-simulation hosting many ranks in one process may run them on fewer threads.
+One watch per rank and stage, on the rank's side connection: **heartbeat**; **peer watch** (a process of its node gone
+from this machine, or a heartbeat silent for the heartbeat timeout, is posted); **turn timeout** (it re-checks what the
+main thread waits for, repairs a lost wake-up or close, and posts a timeout when nothing moved for the turn timeout).
+It also sets the failure exchange's waits free at their bound, and while the main thread is inside its turn publishes
+where it is (for the timeout message) and keeps the stage's failure reports (to name a failure after losing the store).
+A :class:`WatchHost` runs the watches (by default each on a thread of its own, :class:`OwnThread`).
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 from serialized_restore._diagnosis import Where, diagnose_stall
 from serialized_restore._errors import FailureKind, RankFailure
@@ -38,7 +33,6 @@ log = logging.getLogger(__name__)
 _TICK = 0.5
 _RECHECK = 1.0
 _BEAT_MAX = 15.0
-_WHERE_EVERY = 1.0
 
 
 def beat_interval(heartbeat_timeout: float) -> float:
@@ -58,27 +52,18 @@ def process_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     except OSError:
-        pass
-    else:
-        # "pid (comm) state ...": comm may contain spaces and parentheses
-        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return True  # cannot tell: the heartbeat decides
+    # "pid (comm) state ...": comm may contain spaces and parentheses
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
 
 
-@dataclass(frozen=True)
-class Identity:
-    """Who a rank's process is, so that ranks on the same machine can tell whether it still exists."""
+class Identity(NamedTuple):
+    """Who a rank's process is, so that ranks on the same machine can tell whether it still exists; stored as JSON."""
 
     global_rank: int
     pid: int
     machine: str
-    """Boot id and pid namespace: equal only for processes that see the same pids."""
+    """Host, boot id and pid namespace: equal only for processes that see the same pids; empty off Linux."""
 
     @classmethod
     def of_this_process(cls, global_rank: int) -> Identity:
@@ -88,12 +73,6 @@ class Identity:
         except OSError:
             machine = ""  # not Linux: heartbeats only
         return cls(global_rank, os.getpid(), machine)
-
-    def same_machine(self, other: Identity) -> bool:
-        return bool(self.machine) and self.machine == other.machine
-
-    def to_json(self) -> str:
-        return json.dumps([self.global_rank, self.pid, self.machine])
 
     @classmethod
     def from_json(cls, text: str) -> Identity:
@@ -114,16 +93,14 @@ class PeerWatch:
         """Peers that have not published who they are yet."""
         return [r for r in range(self._lws) if r != self._local and r not in self.identities]
 
-    def learn(self, local: int, identity: Identity) -> None:
-        self.identities[local] = identity
-
     def new_stage(self) -> None:
         """Forget heartbeat observations: between stages nobody beats."""
         self._beats.clear()
 
     def exited(self, alive: Callable[[int], bool] = process_alive) -> list[int]:
         """Peers on this machine whose process is gone."""
-        return sorted(r for r, i in self.identities.items() if i.same_machine(self._me) and not alive(i.pid))
+        here = self._me.machine
+        return sorted(r for r, i in self.identities.items() if here and i.machine == here and not alive(i.pid))
 
     def observe(self, beats: dict[int, int], now: float) -> list[tuple[int, float]]:
         """Record heartbeat counters read at ``now``; the peers silent for longer than the timeout, and for how long.
@@ -160,12 +137,9 @@ def gone_failure(
 
 
 class WaitKind(Enum):
-    TURN = "turn"
-    """For the predecessor's end."""
-    END = "end"
-    """For every rank to end the stage."""
-    RELEASE = "release"
-    """A wait of the failure exchange, set free at a deadline."""
+    TURN = "turn"  # for the predecessor's end
+    END = "end"  # for every rank to end the stage
+    RELEASE = "release"  # a wait of the failure exchange, set free at a deadline
 
 
 @dataclass
@@ -213,11 +187,10 @@ class OwnThread:
 
     def stop(self, watch: Watch) -> None:
         """Once this returns, no step of ``watch`` runs (it waits up to 5 s for one in progress)."""
-        thread, stopped = self._threads.pop(watch, (None, None))
-        if thread is not None and stopped is not None:
-            stopped.set()
-            if thread is not threading.current_thread():
-                thread.join(5.0)
+        thread, stopped = self._threads.pop(watch)
+        stopped.set()
+        if thread is not threading.current_thread():
+            thread.join(5.0)
 
     def runs(self, watch: Watch) -> bool:
         entry = self._threads.get(watch)
@@ -245,17 +218,11 @@ class Watch:
         now = time.monotonic()
         # the first look one beat in: a short stage costs no heartbeat at all
         self._next_beat = self._next_read = now + beat_every
-        self._next_identity = self._next_where = self._next_closed = now
+        self._next_identity = self._next_in_turn = now
         self._main = threading.get_ident()
         schedule.peers.new_stage()
 
     # ------------------------------------------------------------ main thread
-
-    def start(self) -> None:
-        self._s.host.start(self)
-
-    def stop(self) -> None:
-        self._s.host.stop(self)
 
     @property
     def alive(self) -> bool:
@@ -267,8 +234,8 @@ class Watch:
         now = time.monotonic()
         with self._lock:
             self._in_turn = True
-            # with a short turn timeout, where the body is must be known well before any rank can time it out
-            self._next_where, self._next_closed = now + min(_WHERE_EVERY, self._recheck), now + self._recheck
+            # where the body is must be known well before any rank can time it out
+            self._next_in_turn = now + self._recheck
         try:
             yield
         finally:
@@ -321,14 +288,12 @@ class Watch:
         self._watch_peers(now)
         with self._lock:
             in_turn, wait, copied = self._in_turn, self._wait, self._reports is not None
-        if in_turn and now >= self._next_where:
-            self._next_where = now + min(_WHERE_EVERY, self._recheck)
+        if in_turn and now >= self._next_in_turn:
+            self._next_in_turn = now + self._recheck
             where = Where.of_thread(self._main)
             if where is not None:
                 view.set(keys.where(p.node_rank, p.local_rank), where.to_json())
-        if in_turn and not copied and now >= self._next_closed:
-            self._next_closed = now + self._recheck
-            if view.get_if_set(keys.closed) == "failed":
+            if not copied and view.get_if_set(keys.closed) == "failed":
                 self.keep(self._store.reports(view))
         if wait is not None and now >= wait.due:
             self._check_wait(now, wait)
@@ -339,15 +304,9 @@ class Watch:
         if missing and now >= self._next_identity:
             self._next_identity = now + self._recheck
             keys = [identity_key(p.node_rank, local) for local in missing]
-            if len(keys) > 1 and view.check(keys):
-                # everyone has arrived (the usual case): two operations, whatever the node's size
-                for local, raw in zip(missing, view.multi_get(keys)):
-                    peers.learn(local, Identity.from_json(raw))
-            else:
-                for local, key in zip(missing, keys):
-                    arrived = view.get_if_set(key)
-                    if arrived is not None:
-                        peers.learn(local, Identity.from_json(arrived))
+            # everyone has arrived (the usual case): two operations, whatever the node's size
+            values = view.multi_get(keys) if view.check(keys) else [view.get_if_set(key) for key in keys]
+            peers.identities.update({lr: Identity.from_json(v) for lr, v in zip(missing, values) if v is not None})
         gone = dict.fromkeys(peers.exited(self._s.host.process_alive), 0.0)
         if now >= self._next_read and peers.identities:
             self._next_read = now + self._beat_every

@@ -1,17 +1,14 @@
 """The turn schedule: which local rank of a node restores when, and how a failure reaches every rank.
 
-It knows nothing about checkpoints beyond the path it names in its errors, and coordinates through the default process
-group's key-value store, never through collectives: a waiting rank blocks on one key, bounded by the turn timeout
-since the last turn on its node started or ended; a rank that fails wakes every waiting rank at once and every rank
-raises the same :class:`~serialized_restore.CheckpointRestoreError`; a rank that dies is seen gone by the ranks on its
-machine, or silent after the heartbeat timeout. Per stage, a rank's main thread (here) and its watch
-(``_liveness.Watch``) share one ``_store.StageStore``; a failed stage ends through ``_exchange.Exchange``.
-``docs/design.md`` describes the protocol and its store load.
+It coordinates through the default process group's key-value store, never through collectives. Per stage, a rank's
+main thread (here) and its watch (``_liveness.Watch``) share one ``_store.StageStore``; a failed stage ends through
+``_exchange.Exchange``. ``docs/design.md`` describes the protocol and its store load.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -49,12 +46,9 @@ _SIGNAL_CHECK = 1.0
 class Outcome(str, Enum):
     """How a wait ends: the value its key was set to."""
 
-    GO = "go"
-    """The predecessor ended its turn (or there is none)."""
-    ENDED = "ended"
-    """Every rank ended the stage."""
-    FAILED = "failed"
-    """A rank posted a failure first."""
+    GO = "go"  # the predecessor ended its turn (or there is none)
+    ENDED = "ended"  # every rank ended the stage
+    FAILED = "failed"  # a rank posted a failure first
 
     @classmethod
     def of(cls, value: str) -> Outcome:
@@ -166,7 +160,7 @@ class TurnSchedule:
         watch = Watch(self, store)
         exchange = Exchange(self, store, watch)
         keys, main = store.keys, store.main
-        watch.start()
+        self.host.start(watch)
         try:
             try:
                 waited_from = time.monotonic()
@@ -204,7 +198,7 @@ class TurnSchedule:
             except StoreLost as err:
                 raise exchange.store_lost(err) from None
         finally:
-            watch.stop()
+            self.host.stop(watch)
 
     def on_one_rank(
         self, stage: str, compute: Callable[[], str | None], *, central: bool, per_node: bool = False
@@ -244,7 +238,7 @@ class TurnSchedule:
             main, side = open_namespace(self._job_store, p.global_rank, _BACKSTOP)
             # the heartbeat exists before the identity: a peer that knows who this rank is can read it
             side.add(heartbeat_key(p.node_rank, p.local_rank), 1)
-            side.set(identity_key(p.node_rank, p.local_rank), Identity.of_this_process(p.global_rank).to_json())
+            side.set(identity_key(p.node_rank, p.local_rank), json.dumps(Identity.of_this_process(p.global_rank)))
             self._views = (main, side)
         nodes = max(1, p.world_size // p.local_world_size)
         wake_keys = [keys.wake(n, r) for n in range(nodes) for r in range(p.local_world_size)]
@@ -273,18 +267,14 @@ class TurnSchedule:
         line = NodeLog.end_line(p.local_rank, record.duration, mapped, record.bytes_read - mapped,
                                 record.bytes_copied, memory, memory - memory_before)  # fmt: skip
         main.append(keys.log(p.node_rank), line)
-        if ordered:
-            self._wake_successor(main, keys)
+        successor = self.order.successor(p.local_rank)
+        if ordered and successor is not None:
+            # compare_set: a failure's "failed" stays
+            main.compare_set(keys.wake(p.node_rank, successor), "", Outcome.GO.value)
         if main.add(keys.finished, 1) >= p.world_size:
             return Outcome.of(main.compare_set(keys.closed, "", Outcome.ENDED.value))
         with watch.waiting(WaitKind.END, keys.closed):
             return self._block(main, keys.closed, watch)
-
-    def _wake_successor(self, main: StoreView, keys: StageKeys) -> None:
-        successor = self.order.successor(self.placement.local_rank)
-        if successor is not None:
-            # compare_set: a failure's "failed" stays
-            main.compare_set(keys.wake(self.placement.node_rank, successor), "", Outcome.GO.value)
 
     @staticmethod
     def _block(main: StoreView, key: str, watch: Watch) -> Outcome:

@@ -64,6 +64,6 @@ def test_where_finds_the_collective_and_its_caller_and_survives_json():
             ("/x/torch/distributed/distributed_c10d.py", 4000, "barrier", ""),
         ]
     )
-    assert where.collective == "barrier" and where.caller == "`on_load_checkpoint` (train.py, line 42)"
+    assert where.collective() == ("barrier", "`on_load_checkpoint` (train.py, line 42)")
     assert Where.from_json(where.to_json()) == where
-    assert Where([("train.py", 1, "f", "")]).collective is None
+    assert Where([("train.py", 1, "f", "")]).collective() is None

@@ -4,6 +4,7 @@ process where the store is involved; the multi-process protocol is tested in ``t
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import subprocess
 import sys
@@ -66,11 +67,11 @@ def test_a_process_gone_from_this_machine_is_seen_exited():
     pid = _exited_pid()
     watch = PeerWatch(global_rank=0, local_rank=0, local_world_size=3, heartbeat_timeout=60.0)
     me = Identity.of_this_process(0)
-    watch.learn(1, Identity(1, pid, me.machine))
-    watch.learn(2, Identity(2, pid, "another machine"))  # not ours to look at: heartbeats only
+    watch.identities[1] = Identity(1, pid, me.machine)
+    watch.identities[2] = Identity(2, pid, "another machine")  # not ours to look at: heartbeats only
     assert process_alive(me.pid) and not process_alive(pid)
     assert watch.exited() == [1] and watch.missing() == []
-    assert Identity.from_json(me.to_json()) == me
+    assert Identity.from_json(json.dumps(me)) == me
 
 
 def test_gone_messages_say_what_the_rank_was_doing_and_the_setting():
@@ -122,7 +123,7 @@ def _stage(world: int, local: int, pid: int, heartbeat_timeout: float = 60.0) ->
     machine = Identity.of_this_process(0).machine
     for peer in range(world):
         if peer != local:
-            side.set(identity_key(0, peer), Identity(peer, pid, machine).to_json())
+            side.set(identity_key(0, peer), json.dumps(Identity(peer, pid, machine)))
     keys = StageKeys(STAGE)
     store = StageStore(keys, main, side, [keys.wake(0, r) for r in range(world)])
     return schedule, store
@@ -133,13 +134,13 @@ def test_a_watch_posts_a_dead_peer_and_wakes_every_rank():
     doing, closes the stage as failed and sets every rank's wake-up key."""
     schedule, store = _stage(world=2, local=1, pid=_exited_pid())
     watch = Watch(schedule, store)
-    watch.start()
+    schedule.host.start(watch)
     try:
         deadline = time.monotonic() + 5.0
         while store.main.get_if_set(store.keys.closed) is None and time.monotonic() < deadline:
             time.sleep(0.02)
     finally:
-        watch.stop()
+        schedule.host.stop(watch)
     (failure,) = store.reports(store.main)
     assert (failure.global_rank, failure.kind, failure.reported_by) == (0, "died", 1)
     assert "exited while waiting for its turn" in failure.message
@@ -153,7 +154,7 @@ def test_a_watch_repairs_a_lost_wake_up_and_releases_an_exchange_wait():
     schedule, store = _stage(world=2, local=1, pid=os.getpid())
     store.main.append(store.keys.log(0), NodeLog.start_line(0, time.time()) + NodeLog.end_line(0, 0.1))
     watch = Watch(schedule, store)
-    watch.start()
+    schedule.host.start(watch)
     try:
         wake = store.keys.wake(0, 1)
         with watch.waiting(WaitKind.TURN, wake, predecessor=0):
@@ -164,4 +165,4 @@ def test_a_watch_repairs_a_lost_wake_up_and_releases_an_exchange_wait():
             assert store.main.get(store.keys.all_acked) == "deadline"
             assert 0.25 < time.monotonic() - started < 3.0
     finally:
-        watch.stop()
+        schedule.host.stop(watch)
