@@ -74,10 +74,8 @@ class Where:
 
 
 def timeout_failures(
-    *,
     stage: str,
-    observer: tuple[int, int, int],
-    local_world_size: int,
+    observer: Any,
     turn_timeout: float,
     idle: float,
     what: str,
@@ -89,12 +87,13 @@ def timeout_failures(
     """The ranks to blame when nothing moved for longer than the turn timeout, among the nodes in ``logs``: those
     inside their turn, else those that have not arrived, else the observer itself.
 
-    ``observer``: ``(global rank, node, local rank)`` of the rank that waited ``idle`` seconds for ``what``;
+    ``observer``: the placement of the rank that waited ``idle`` seconds for ``what``;
     ``arrived``: the global rank of each ``(node, local)`` that reached the stage; ``wheres``: where the main thread of
     a rank inside its turn was.
     """
     now = time.time() if now is None else now
-    me, my_node, my_local = observer
+    me, my_node, my_local = observer.global_rank, observer.node_rank, observer.local_rank
+    local_world_size = observer.local_world_size
     setting = f"{TURN_TIMEOUT_SETTING} (seconds, now {turn_timeout:g})"
     busy: list[tuple[int, int]] = []
     absent: list[tuple[int, int]] = []
@@ -139,7 +138,7 @@ def timeout_failures(
     why = "this rank has not reached the restore (it may be slower to start, or stuck before it)."
     message = f"rank {me} waited {idle:.1f}s for {what} with no turn starting or ending, longer than the turn timeout,"
     message += f" {setting}: {why if absent else 'no rank is inside its turn.'}"
-    blamed = [(node * local_world_size + local, node, local) for node, local in absent] or [observer]
+    blamed = [(node * local_world_size + local, node, local) for node, local in absent] or [(me, my_node, my_local)]
     return [RankFailure(*who, stage, FailureKind.TIMEOUT, message, reported_by=me) for who in blamed]
 
 
@@ -180,14 +179,4 @@ def diagnose_stall(
                 raw = view.get_if_set(keys.where(node, local))
                 if raw is not None:
                     wheres[(node, local)] = Where.from_json(raw)
-    return timeout_failures(
-        stage=keys.stage,
-        observer=(p.global_rank, p.node_rank, p.local_rank),
-        local_world_size=p.local_world_size,
-        turn_timeout=schedule.turn_timeout,
-        idle=idle,
-        what=what,
-        logs=logs,
-        arrived=arrived,
-        wheres=wheres,
-    )
+    return timeout_failures(keys.stage, p, schedule.turn_timeout, idle, what, logs, arrived, wheres)

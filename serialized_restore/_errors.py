@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from serialized_restore._checkpoint_file import explain_failure
+from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING
 
 
 class FailureKind(str, Enum):
@@ -279,6 +280,29 @@ def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFai
     )
     where = (observer, None, None) if agent else (0, 0, 0)
     return RankFailure(*where, stage, FailureKind.STORE_LOST, message, reported_by=observer)
+
+
+def gone_failure(
+    stage: str, observer: Any, local: int, who: Any, doing: str, silent: float, heartbeat_timeout: float
+) -> RankFailure:
+    """Local rank ``local`` of the node of ``observer`` (a placement), ``who`` (its ``_liveness.Identity``): its
+    process exited (``silent`` 0) or its heartbeat has been silent for ``silent`` seconds."""
+    bound = f"{HEARTBEAT_TIMEOUT_SETTING} (seconds, now {heartbeat_timeout:g})"
+    if not silent:
+        message = (
+            f"its process (pid {who.pid}) exited while {doing} of stage {stage!r}: it was probably killed (for example"
+            f" by the out-of-memory killer) or crashed without raising. Ranks on other machines are declared dead after"
+            f" {bound} without a heartbeat."
+        )
+    else:
+        message = (
+            f"stopped responding while {doing} of stage {stage!r}: no heartbeat for {silent:.1f}s. The process"
+            f" probably died (killed, out of memory) or its machine is unreachable. Set {bound} to change how long"
+            " ranks wait for a silent rank."
+        )
+    kind = FailureKind.UNRESPONSIVE if silent else FailureKind.DIED
+    observed_by = observer.global_rank
+    return RankFailure(who.global_rank, observer.node_rank, local, stage, kind, message, reported_by=observed_by)
 
 
 def failure_from_exception(rank: Any, stage: str, err: BaseException, checkpoint_path: str) -> RankFailure:

@@ -23,10 +23,9 @@ from enum import Enum
 from typing import Any, Callable, NamedTuple, Protocol
 
 from serialized_restore._diagnosis import Where, diagnose_stall
-from serialized_restore._errors import FailureKind, RankFailure
-from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING
+from serialized_restore._errors import RankFailure, gone_failure
 from serialized_restore._order import NodeLog
-from serialized_restore._store import StageStore, StoreLost, heartbeat_key, identity_key
+from serialized_restore._store import StageStore, heartbeat_key, identity_key
 
 log = logging.getLogger(__name__)
 
@@ -113,27 +112,6 @@ class PeerWatch:
             elif now - since > self._timeout:
                 silent.append((local, now - since))
         return silent
-
-
-def gone_failure(
-    stage: str, observer: int, node: int, local: int, who: Identity, doing: str, silent: float, heartbeat_timeout: float
-) -> RankFailure:
-    """A peer whose process exited (``silent`` 0) or whose heartbeat has been silent for ``silent`` seconds."""
-    bound = f"{HEARTBEAT_TIMEOUT_SETTING} (seconds, now {heartbeat_timeout:g})"
-    if not silent:
-        message = (
-            f"its process (pid {who.pid}) exited while {doing} of stage {stage!r}: it was probably killed (for example"
-            f" by the out-of-memory killer) or crashed without raising. Ranks on other machines are declared dead after"
-            f" {bound} without a heartbeat."
-        )
-    else:
-        message = (
-            f"stopped responding while {doing} of stage {stage!r}: no heartbeat for {silent:.1f}s. The process"
-            f" probably died (killed, out of memory) or its machine is unreachable. Set {bound} to change how long"
-            " ranks wait for a silent rank."
-        )
-    kind = FailureKind.UNRESPONSIVE if silent else FailureKind.DIED
-    return RankFailure(who.global_rank, node, local, stage, kind, message, reported_by=observer)
 
 
 class WaitKind(Enum):
@@ -273,9 +251,7 @@ class Watch:
         """One step; ``False`` once it must not run again."""
         try:
             self._step(now)
-        except StoreLost:
-            return False  # the main thread finds out on its next store operation
-        except Exception:  # never let a bug here end the process; the main thread's waits have a backstop
+        except Exception:  # a lost store, which the main thread finds out on its next operation, or a bug here
             log.debug("serialized restore: a watch stopped", exc_info=True)
             return False
         return True
@@ -320,12 +296,11 @@ class Watch:
         self._reported.update(new)
         if view.check([self._store.keys.closed]):
             return  # the stage ended, or failed and its ranks are raising: a peer that exits now has left it
-        node_log = self._node_log()
-        stage, timeout = self._store.keys.stage, self._s.heartbeat_timeout
-        failures = []
-        for local, silent in sorted(new.items()):
-            who, doing = peers.identities[local], node_log.doing(local)
-            failures.append(gone_failure(stage, p.global_rank, p.node_rank, local, who, doing, silent, timeout))
+        node_log, stage, timeout = self._node_log(), self._store.keys.stage, self._s.heartbeat_timeout
+        failures = [
+            gone_failure(stage, p, local, peers.identities[local], node_log.doing(local), silent, timeout)
+            for local, silent in sorted(new.items())
+        ]
         self._store.post(failures, view)
 
     def _node_log(self) -> NodeLog:

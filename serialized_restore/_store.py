@@ -161,17 +161,15 @@ class StageStore:
     side: StoreView
     wake_keys: list[str]
 
-    def post(self, failures: list[RankFailure], view: StoreView) -> str:
-        """(any rank, any thread) Post ``failures`` and close the stage as failed; the stage's fate afterwards:
-        ``"failed"``, or ``"ended"`` if every rank had ended the stage before (the failures then change nothing)."""
+    def post(self, failures: list[RankFailure], view: StoreView) -> None:
+        """(any rank, any thread) Post ``failures`` and close the stage as failed, unless every rank had ended it
+        before (the failures then change nothing)."""
         keys = self.keys
         view.append(keys.reports, "".join(f.to_json() + "\n" for f in failures))
         view.add(keys.failures, 1)
-        fate = view.compare_set(keys.closed, "", "failed")
-        if fate != "ended":
+        if view.compare_set(keys.closed, "", "failed") != "ended":
             # every poster wakes everyone: a poster that died between its close and this line would leave waiters
             view.multi_set(self.wake_keys, ["failed"] * len(self.wake_keys))
-        return fate
 
     def reports(self, view: StoreView) -> list[RankFailure]:
         """The stage's failure records, each checked field by field; a record that is not one of ours becomes a

@@ -312,10 +312,9 @@ class TurnSchedule:
         )
 
     def _log_node_summary(self, main: StoreView, keys: StageKeys, ordered: bool) -> None:
-        node_log = NodeLog.parse(main.get(keys.log(self.placement.node_rank)))  # set: this rank's turn is in it
+        # this rank's own turn is in the node's log: it is set, and ``ranks`` is never empty
+        node_log = NodeLog.parse(main.get(keys.log(self.placement.node_rank)))
         ranks = [r for r in sorted(node_log.durations) if r in node_log.started]
-        if not ranks:
-            return
         took = max(node_log.started[r] + node_log.durations[r] for r in ranks) - min(node_log.started[r] for r in ranks)
         ends = [node_log.ends[r] for r in ranks if r in node_log.ends]
         mapped, eager, copied = (sum(e[i] for e in ends) for i in range(3))

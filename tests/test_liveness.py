@@ -20,11 +20,9 @@ from serialized_restore._liveness import (
     WaitKind,
     Watch,
     beat_interval,
-    gone_failure,
     process_alive,
     recheck_interval,
 )
-from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING
 from serialized_restore._order import NodeLog
 from serialized_restore._store import StageKeys, StageStore, identity_key, open_namespace
 from serialized_restore._turns import RankPlacement, TurnSchedule
@@ -72,18 +70,6 @@ def test_a_process_gone_from_this_machine_is_seen_exited():
     assert process_alive(me.pid) and not process_alive(pid)
     assert watch.exited() == [1] and watch.missing() == []
     assert Identity.from_json(json.dumps(me)) == me
-
-
-def test_gone_messages_say_what_the_rank_was_doing_and_the_setting():
-    """A peer whose process exited is ``died``, one silent past the heartbeat timeout ``unresponsive``; each message
-    says what the rank was doing and names the heartbeat setting, the second also how long the rank was silent."""
-    who = Identity(1, 1234, "m")
-    died = gone_failure(STAGE, 0, 0, 1, who, "inside its turn", 0.0, 3.0)
-    assert died.kind == "died" and "(pid 1234) exited while inside its turn" in died.message
-    assert "killed" in died.message and HEARTBEAT_TIMEOUT_SETTING in died.message and died.reported_by == 0
-    silent = gone_failure(STAGE, 0, 0, 1, who, "waiting for its turn", 3.4, 3.0)
-    assert silent.kind == "unresponsive" and "stopped responding while waiting for its turn" in silent.message
-    assert f"Set {HEARTBEAT_TIMEOUT_SETTING} (seconds, now 3)" in silent.message and "3.4s" in silent.message
 
 
 def test_the_default_host_steps_each_watch_on_a_thread_of_its_own_until_stopped():
