@@ -3,6 +3,8 @@ JSON) and the one error every rank raises (:class:`CheckpointRestoreError`)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
@@ -126,11 +128,11 @@ class CheckpointRestoreError(Exception):
     """A serialized checkpoint restore failed on at least one rank of a multi-process job.
 
     Every rank of the job raises one, with the same message: the failing rank(s), the checkpoint path, the stage and
-    each failing rank's message and where it was raised. What is raised is always a subclass made by :func:`restore_error` that
-    also derives from the type of the original exception (``FileNotFoundError``, ``KeyError``, a user's own class, ...),
-    so that ``except FileNotFoundError`` catches it on every rank as it catches upstream's error; ``RuntimeError``
-    when no rank raised (a rank died, hung, or the store was lost). A single process raises the original exception
-    itself, unwrapped.
+    each failing rank's message and where it was raised. What is raised is always a subclass made by
+    :func:`restore_error` that also derives from the type of the original exception (``FileNotFoundError``,
+    ``KeyError``, a user's own class, ...), so that ``except FileNotFoundError`` catches it on every rank as it catches
+    upstream's error; ``RuntimeError`` when no rank raised (a rank died, hung, or the store was lost). A single
+    process raises the original exception itself, unwrapped.
     """
 
     def __init__(self, checkpoint_path: str, failures: list[RankFailure], observed_on: int) -> None:
@@ -198,27 +200,20 @@ def _rebuild(
     return error_class(bases)(checkpoint_path, failures, observed_on)
 
 
-_ERROR_CLASSES: dict[tuple[type[BaseException], ...], type[CheckpointRestoreError]] = {}
-
-
 def error_class(bases: tuple[type[BaseException], ...]) -> type[CheckpointRestoreError]:
     """The :class:`CheckpointRestoreError` subclass that also derives from ``bases`` (``RuntimeError`` if none), built
     once per process. Bases that cannot be combined (incompatible layouts, classes closed to subclassing) are dropped
     from the end until they can; the first one alone, then ``RuntimeError``, is the last resort."""
-    bases = tuple(bases) or (RuntimeError,)
-    cls = _ERROR_CLASSES.get(bases)
-    if cls is not None:
-        return cls
-    for candidate in [bases[:n] for n in range(len(bases), 0, -1)] + [(RuntimeError,)]:
+    return _error_class(tuple(bases) or (RuntimeError,))
+
+
+@functools.cache
+def _error_class(bases: tuple[type[BaseException], ...]) -> type[CheckpointRestoreError]:
+    for candidate in [bases[:n] for n in range(len(bases), 0, -1)]:
         name = f"CheckpointRestoreError[{', '.join(b.__name__ for b in candidate)}]"
-        try:
-            cls = type(name, (CheckpointRestoreError, *candidate), {"__module__": __name__, "__qualname__": name})
-        except TypeError:
-            continue
-        break
-    assert cls is not None  # (CheckpointRestoreError, RuntimeError) always combines
-    _ERROR_CLASSES[bases] = cls
-    return cls
+        with contextlib.suppress(TypeError):
+            return type(name, (CheckpointRestoreError, *candidate), {"__module__": __name__, "__qualname__": name})
+    return _error_class((RuntimeError,))
 
 
 def _type_names(cls: type) -> tuple[str, ...]:
@@ -278,8 +273,8 @@ def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFai
         f"lost contact with the process group's store, which is hosted by {host}: that process probably exited, was"
         f" killed (for example by the out-of-memory killer) or crashed ({type(cause).__name__}: {first_line})."
     )
-    where = (observer, None, None) if agent else (0, 0, 0)
-    return RankFailure(*where, stage, FailureKind.STORE_LOST, message, reported_by=observer)
+    rank, node, local = (observer, None, None) if agent else (0, 0, 0)
+    return RankFailure(rank, node, local, stage, FailureKind.STORE_LOST, message, reported_by=observer)
 
 
 def gone_failure(

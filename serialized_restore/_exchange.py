@@ -74,8 +74,9 @@ class Exchange:
     ) -> CheckpointRestoreError:
         """The error to raise once the store is gone: what this rank read before, its own failures, and the loss of
         the store itself when nothing else explains it."""
-        failures = [*self._watch.reports, *own] or [store_lost_failure(self._store.keys.stage, self._p.global_rank, err)]
-        return restore_error(self._s.checkpoint_path, failures, self._p.global_rank, raised)
+        rank = self._p.global_rank
+        failures = [*self._watch.reports, *own] or [store_lost_failure(self._store.keys.stage, rank, err)]
+        return restore_error(self._s.checkpoint_path, failures, rank, raised)
 
     def _await(self, key: str, bound: float) -> None:
         release_after = bound + _RELEASE_MARGIN

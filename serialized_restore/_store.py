@@ -61,12 +61,11 @@ class StoreView:
         return _text(self._call("compare_set", key, expected, desired))
 
     def multi_set(self, keys: list[str], values: list[str]) -> None:
-        if keys:
-            self._call("multi_set", keys, values)
+        self._call("multi_set", keys, values)
 
     def multi_get(self, keys: list[str]) -> list[str]:
-        """Values of keys known to be set (a missing key blocks)."""
-        return [_text(v) for v in self._call("multi_get", keys)] if keys else []
+        """Values of keys known to be set (a missing key blocks); ``keys`` is never empty here."""
+        return [_text(v) for v in self._call("multi_get", keys)]
 
     def append(self, key: str, value: str) -> None:
         self._call("append", key, value)
