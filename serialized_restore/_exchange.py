@@ -49,7 +49,7 @@ class Exchange:
             else:
                 self._await(keys.all_acked, _GATHER_GRACE)
                 failures = store.reports(view)
-            self._watch.keep(failures)
+            self._watch.reports = failures
             view.add(keys.reads, 1)
             if coordinator:
                 # until every rank that acknowledged has read: a launcher kills the job once a process exits
@@ -75,7 +75,7 @@ class Exchange:
         """The error to raise once the store is gone: what this rank read before, its own failures, and the loss of
         the store itself when nothing else explains it."""
         rank = self._p.global_rank
-        failures = [*self._watch.reports, *own] or [store_lost_failure(self._store.keys.stage, rank, err)]
+        failures = [*(self._watch.reports or []), *own] or [store_lost_failure(self._store.keys.stage, rank, err)]
         return restore_error(self._s.checkpoint_path, failures, rank, raised)
 
     def _await(self, key: str, bound: float) -> None:

@@ -187,10 +187,11 @@ class Watch:
         beat_every, self._recheck = beat_interval(schedule.heartbeat_timeout), recheck_interval(schedule.turn_timeout)
         self.tick = min(_TICK, beat_every, self._recheck)
         self._beat_every = beat_every
-        self._lock = threading.Lock()
+        # shared with the main thread, each written whole by one thread (no lock needed): where the main thread is,
+        # and the stage's failure reports as this rank last read them (None: not read)
         self._in_turn = False
         self._wait: _Wait | None = None
-        self._reports: list[RankFailure] | None = None
+        self.reports: list[RankFailure] | None = None
         self._reported: set[int] = set()
         self._log_seen = False
         now = time.monotonic()
@@ -209,16 +210,13 @@ class Watch:
 
     @contextlib.contextmanager
     def in_turn(self) -> Iterator[None]:
-        now = time.monotonic()
-        with self._lock:
-            self._in_turn = True
-            # where the body is must be known well before any rank can time it out
-            self._next_in_turn = now + self._recheck
+        # where the body is must be known well before any rank can time it out
+        self._next_in_turn = time.monotonic() + self._recheck
+        self._in_turn = True
         try:
             yield
         finally:
-            with self._lock:
-                self._in_turn = False
+            self._in_turn = False
 
     @contextlib.contextmanager
     def waiting(self, kind: WaitKind, key: str, predecessor: int | None = None, *, release_after: float = 0.0
@@ -227,23 +225,11 @@ class Watch:
         ``release_after`` seconds."""
         now = time.monotonic()
         due = now + (release_after if kind is WaitKind.RELEASE else self._recheck)
-        with self._lock:
-            self._wait = _Wait(kind, key, due, predecessor, last_change=now)
+        self._wait = _Wait(kind, key, due, predecessor, last_change=now)
         try:
             yield
         finally:
-            with self._lock:
-                self._wait = None
-
-    @property
-    def reports(self) -> list[RankFailure]:
-        """The stage's failure reports as this rank last read them."""
-        with self._lock:
-            return list(self._reports or [])
-
-    def keep(self, reports: list[RankFailure]) -> None:
-        with self._lock:
-            self._reports = list(reports)
+            self._wait = None
 
     # ----------------------------------------------------------- watch thread
 
@@ -262,15 +248,14 @@ class Watch:
             view.add(heartbeat_key(p.node_rank, p.local_rank), 1)
             self._next_beat = now + self._beat_every
         self._watch_peers(now)
-        with self._lock:
-            in_turn, wait, copied = self._in_turn, self._wait, self._reports is not None
+        in_turn, wait, copied = self._in_turn, self._wait, self.reports is not None
         if in_turn and now >= self._next_in_turn:
             self._next_in_turn = now + self._recheck
             where = Where.of_thread(self._main)
             if where is not None:
                 view.set(keys.where(p.node_rank, p.local_rank), where.to_json())
             if not copied and view.get_if_set(keys.closed) == "failed":
-                self.keep(self._store.reports(view))
+                self.reports = self._store.reports(view)
         if wait is not None and now >= wait.due:
             self._check_wait(now, wait)
 
