@@ -1,8 +1,6 @@
 """A stalled stage, diagnosed: whom to blame when nothing moved for the turn timeout, and why.
 
-:func:`diagnose_stall` (a rank's watch thread, once per wait) gathers the facts from the store; everything else only
-turns facts into :class:`~serialized_restore.RankFailure` records, so that each message can be tested without
-processes.
+:func:`diagnose_stall` gathers the facts from the store; :func:`timeout_failures` turns them into records.
 """
 
 from __future__ import annotations
@@ -31,20 +29,24 @@ class Where:
 
     frames: list[tuple[str, int, str, str]]
 
-    @property
-    def collective(self) -> str | None:
-        """The ``torch.distributed`` function the thread is blocked in, if any."""
-        run = self._distributed_run()
-        return self.frames[run[1]][2] if run is not None else None
-
-    @property
-    def caller(self) -> str:
-        """The frame that called into ``torch.distributed``."""
-        run = self._distributed_run()
-        if run is None or run[0] == 0:
-            return "code outside the frames recorded"
-        filename, line, name, _ = self.frames[run[0] - 1]
-        return f"`{name}` ({filename}, line {line})"
+    def collective(self) -> tuple[str, str] | None:
+        """The public ``torch.distributed`` function the thread is blocked in (the innermost run of its frames, past
+        decorators and private helpers) and the frame that called it, if any."""
+        first = None
+        for i in range(len(self.frames) - 1, -1, -1):
+            if "torch/distributed/" in self.frames[i][0].replace(os.sep, "/"):
+                first = i
+            elif first is not None:
+                break
+        if first is None:
+            return None
+        api = first
+        while api < len(self.frames) - 1 and self.frames[api][2].startswith(("wrapper", "_")):
+            api += 1
+        if first == 0:
+            return self.frames[api][2], "code outside the frames recorded"
+        filename, line, name, _ = self.frames[first - 1]
+        return self.frames[api][2], f"`{name}` ({filename}, line {line})"
 
     @property
     def text(self) -> str:
@@ -54,22 +56,6 @@ class Where:
             if source:
                 lines.append(f"      {source}")
         return "\n".join(lines)
-
-    def _distributed_run(self) -> tuple[int, int] | None:
-        """The innermost run of frames in ``torch.distributed``: its first frame and its public function's frame."""
-        first = None
-        for i in range(len(self.frames) - 1, -1, -1):
-            if _in_torch_distributed(self.frames[i][0]):
-                first = i
-            elif first is not None:
-                break
-        if first is None:
-            return None
-        # skip decorators (`c10d_logger`'s `wrapper`) and private helpers to the public function
-        api = first
-        while api < len(self.frames) - 1 and self.frames[api][2].startswith(("wrapper", "_")):
-            api += 1
-        return first, api
 
     @classmethod
     def of_thread(cls, ident: int) -> Where | None:
@@ -87,15 +73,9 @@ class Where:
         return cls([(str(f), int(line), str(name), str(source)) for f, line, name, source in json.loads(text)])
 
 
-def _in_torch_distributed(filename: str) -> bool:
-    return f"torch{os.sep}distributed{os.sep}" in filename or "torch/distributed/" in filename
-
-
 def timeout_failures(
-    *,
     stage: str,
-    observer: tuple[int, int, int],
-    local_world_size: int,
+    observer: Any,
     turn_timeout: float,
     idle: float,
     what: str,
@@ -107,12 +87,13 @@ def timeout_failures(
     """The ranks to blame when nothing moved for longer than the turn timeout, among the nodes in ``logs``: those
     inside their turn, else those that have not arrived, else the observer itself.
 
-    ``observer``: ``(global rank, node, local rank)`` of the rank that waited ``idle`` seconds for ``what``;
+    ``observer``: the placement of the rank that waited ``idle`` seconds for ``what``;
     ``arrived``: the global rank of each ``(node, local)`` that reached the stage; ``wheres``: where the main thread of
     a rank inside its turn was.
     """
     now = time.time() if now is None else now
-    me, my_node, my_local = observer
+    me, my_node, my_local = observer.global_rank, observer.node_rank, observer.local_rank
+    local_world_size = observer.local_world_size
     setting = f"{TURN_TIMEOUT_SETTING} (seconds, now {turn_timeout:g})"
     busy: list[tuple[int, int]] = []
     absent: list[tuple[int, int]] = []
@@ -128,10 +109,11 @@ def timeout_failures(
     failures = []
     for node, local in busy:
         where = wheres.get((node, local))
-        if where is not None and where.collective:
+        blocked = where.collective() if where is not None else None
+        if blocked is not None:
             cause = (
-                f" It is blocked in the collective `torch.distributed.{where.collective}`, called from"
-                f" {where.caller}: a collective inside a turn cannot complete while the other ranks wait for"
+                f" It is blocked in the collective `torch.distributed.{blocked[0]}`, called from"
+                f" {blocked[1]}: a collective inside a turn cannot complete while the other ranks wait for"
                 " their turn. Hooks that run during the restore (`on_load_checkpoint`, a callback's"
                 " `load_state_dict`) must not run collectives while `serialized_checkpoint_loading` is on;"
                 " move the collective to `setup` or `on_fit_start`, or turn the option off."
@@ -143,43 +125,21 @@ def timeout_failures(
                 " for example a collective such as `broadcast` or `barrier` in `on_load_checkpoint` or in a"
                 " callback's `load_state_dict`, which cannot complete while they wait for their turn."
             )
-        failures.append(
-            RankFailure(
-                global_rank=arrived.get((node, local), node * local_world_size + local),
-                node_rank=node,
-                local_rank=local,
-                stage=stage,
-                kind=FailureKind.TIMEOUT,
-                message=(
-                    f"still inside its turn after {now - logs[node].started[local]:.1f}s, and no turn on node {node}"
-                    f" has started or ended for {idle:.1f}s: longer than the turn timeout, {setting}.{cause}"
-                    + (f"\n  Where its main thread was:\n{where.text}" if where is not None else "")
-                ),
-                reported_by=me,
-            )
+        message = (
+            f"still inside its turn after {now - logs[node].started[local]:.1f}s, and no turn on node {node} has"
+            f" started or ended for {idle:.1f}s: longer than the turn timeout, {setting}.{cause}"
         )
-    if not failures:
-        for node, local in absent or [(my_node, my_local)]:
-            failures.append(
-                RankFailure(
-                    global_rank=node * local_world_size + local if absent else me,
-                    node_rank=node,
-                    local_rank=local,
-                    stage=stage,
-                    kind=FailureKind.TIMEOUT,
-                    message=(
-                        f"rank {me} waited {idle:.1f}s for {what} with no turn starting or ending, longer than the"
-                        f" turn timeout, {setting}: "
-                        + (
-                            "this rank has not reached the restore (it may be slower to start, or stuck before it)."
-                            if absent
-                            else "no rank is inside its turn."
-                        )
-                    ),
-                    reported_by=me,
-                )
-            )
-    return failures
+        if where is not None:
+            message += f"\n  Where its main thread was:\n{where.text}"
+        rank = arrived.get((node, local), node * local_world_size + local)
+        failures.append(RankFailure(rank, node, local, stage, FailureKind.TIMEOUT, message, reported_by=me))
+    if failures:
+        return failures
+    why = "this rank has not reached the restore (it may be slower to start, or stuck before it)."
+    message = f"rank {me} waited {idle:.1f}s for {what} with no turn starting or ending, longer than the turn timeout,"
+    message += f" {setting}: {why if absent else 'no rank is inside its turn.'}"
+    blamed = [(node * local_world_size + local, node, local) for node, local in absent] or [(me, my_node, my_local)]
+    return [RankFailure(*who, stage, FailureKind.TIMEOUT, message, reported_by=me) for who in blamed]
 
 
 def diagnose_stall(
@@ -219,14 +179,4 @@ def diagnose_stall(
                 raw = view.get_if_set(keys.where(node, local))
                 if raw is not None:
                     wheres[(node, local)] = Where.from_json(raw)
-    return timeout_failures(
-        stage=keys.stage,
-        observer=(p.global_rank, p.node_rank, p.local_rank),
-        local_world_size=p.local_world_size,
-        turn_timeout=schedule.turn_timeout,
-        idle=idle,
-        what=what,
-        logs=logs,
-        arrived=arrived,
-        wheres=wheres,
-    )
+    return timeout_failures(keys.stage, p, schedule.turn_timeout, idle, what, logs, arrived, wheres)

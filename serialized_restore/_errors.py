@@ -3,6 +3,8 @@ JSON) and the one error every rank raises (:class:`CheckpointRestoreError`)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
@@ -13,6 +15,7 @@ from enum import Enum
 from typing import Any
 
 from serialized_restore._checkpoint_file import explain_failure
+from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING
 
 
 class FailureKind(str, Enum):
@@ -94,7 +97,7 @@ class RankFailure:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: Any) -> RankFailure:
+    def from_json(cls, text: str) -> RankFailure:
         """Parse a record written by :meth:`to_json`; ``ValueError`` naming what is wrong for anything else.
 
         Records come from the job's store, which any process that can reach it may write to: they are plain JSON,
@@ -102,43 +105,34 @@ class RankFailure:
         """
         try:
             data = json.loads(text)
-        except (TypeError, ValueError, UnicodeDecodeError) as err:
+        except ValueError as err:
             raise ValueError(f"not JSON ({err})") from None
         if not isinstance(data, dict):
             raise ValueError(f"a JSON {type(data).__name__}, not an object")
-        unknown = sorted(set(data) - set(_FIELDS))
-        missing = sorted(name for name in _REQUIRED if name not in data)
-        if unknown or missing:
-            raise ValueError(f"unknown fields {unknown}, missing fields {missing}")
+        if set(data) != set(_FIELDS):
+            raise ValueError(f"unknown or missing fields: {sorted(set(data) ^ set(_FIELDS))}")
         for name, value in data.items():
-            expected = _FIELDS[name]
-            if name == "error_types":
-                if not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
-                    raise ValueError("'error_types' is not a list of strings")
-                data[name] = tuple(value)
-            elif not (isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)):
-                if not (value is None and name in _OPTIONAL):
-                    raise ValueError(f"{name!r} is {type(value).__name__}, not {expected.__name__}")
-        if data["kind"] not in {k.value for k in FailureKind}:
-            raise ValueError(f"unknown kind {data['kind']!r}")
-        return cls(**data)
+            if isinstance(value, bool) or not isinstance(value, _FIELDS[name]):
+                raise ValueError(f"{name!r} is {type(value).__name__}")
+        if not all(isinstance(item, str) for item in data["error_types"]):
+            raise ValueError("'error_types' is not a list of strings")
+        return cls(**{**data, "error_types": tuple(data["error_types"])})  # an unknown kind: ValueError
 
 
-_FIELDS: dict[str, type] = dict(global_rank=int, node_rank=int, local_rank=int, stage=str, kind=str, message=str)
-_FIELDS.update(traceback=str, reported_by=int, error_types=list)
-_REQUIRED = ("global_rank", "stage", "kind", "message")
-_OPTIONAL = ("node_rank", "local_rank", "reported_by")
+_OPTIONAL_INT = (int, type(None))
+_FIELDS: dict[str, type | tuple[type, ...]] = dict(global_rank=int, node_rank=_OPTIONAL_INT, local_rank=_OPTIONAL_INT)
+_FIELDS.update(stage=str, kind=str, message=str, traceback=str, reported_by=_OPTIONAL_INT, error_types=list)
 
 
 class CheckpointRestoreError(Exception):
     """A serialized checkpoint restore failed on at least one rank of a multi-process job.
 
     Every rank of the job raises one, with the same message: the failing rank(s), the checkpoint path, the stage and
-    the original error with its traceback. What is raised is always a subclass made by :func:`restore_error` that
-    also derives from the type of the original exception (``FileNotFoundError``, ``KeyError``, a user's own class, ...),
-    so that ``except FileNotFoundError`` catches it on every rank as it catches upstream's error; ``RuntimeError``
-    when no rank raised (a rank died, hung, or the store was lost). On the rank where an exception happened, that
-    exception is chained as ``__cause__``. A single process raises the original exception itself, unwrapped.
+    each failing rank's message and where it was raised. What is raised is always a subclass made by
+    :func:`restore_error` that also derives from the type of the original exception (``FileNotFoundError``,
+    ``KeyError``, a user's own class, ...), so that ``except FileNotFoundError`` catches it on every rank as it catches
+    upstream's error; ``RuntimeError`` when no rank raised (a rank died, hung, or the store was lost). A single
+    process raises the original exception itself, unwrapped.
     """
 
     def __init__(self, checkpoint_path: str, failures: list[RankFailure], observed_on: int) -> None:
@@ -176,10 +170,7 @@ class CheckpointRestoreError(Exception):
 
 
 def restore_error(
-    checkpoint_path: str,
-    failures: list[RankFailure],
-    observed_on: int,
-    own: BaseException | None = None,
+    checkpoint_path: str, failures: list[RankFailure], observed_on: int, own: BaseException | None = None
 ) -> CheckpointRestoreError:
     """The error a rank raises once a serialized restore failed: a :class:`CheckpointRestoreError` that is also an
     instance of every original exception type among ``failures`` (in rank order) that this process can name.
@@ -209,27 +200,20 @@ def _rebuild(
     return error_class(bases)(checkpoint_path, failures, observed_on)
 
 
-_ERROR_CLASSES: dict[tuple[type[BaseException], ...], type[CheckpointRestoreError]] = {}
-
-
 def error_class(bases: tuple[type[BaseException], ...]) -> type[CheckpointRestoreError]:
     """The :class:`CheckpointRestoreError` subclass that also derives from ``bases`` (``RuntimeError`` if none), built
     once per process. Bases that cannot be combined (incompatible layouts, classes closed to subclassing) are dropped
     from the end until they can; the first one alone, then ``RuntimeError``, is the last resort."""
-    bases = tuple(bases) or (RuntimeError,)
-    cls = _ERROR_CLASSES.get(bases)
-    if cls is not None:
-        return cls
-    for candidate in [bases[:n] for n in range(len(bases), 0, -1)] + [(RuntimeError,)]:
+    return _error_class(tuple(bases) or (RuntimeError,))
+
+
+@functools.cache
+def _error_class(bases: tuple[type[BaseException], ...]) -> type[CheckpointRestoreError]:
+    for candidate in [bases[:n] for n in range(len(bases), 0, -1)]:
         name = f"CheckpointRestoreError[{', '.join(b.__name__ for b in candidate)}]"
-        try:
-            cls = type(name, (CheckpointRestoreError, *candidate), {"__module__": __name__, "__qualname__": name})
-        except TypeError:
-            continue
-        break
-    assert cls is not None  # (CheckpointRestoreError, RuntimeError) always combines
-    _ERROR_CLASSES[bases] = cls
-    return cls
+        with contextlib.suppress(TypeError):
+            return type(name, (CheckpointRestoreError, *candidate), {"__module__": __name__, "__qualname__": name})
+    return _error_class((RuntimeError,))
 
 
 def _type_names(cls: type) -> tuple[str, ...]:
@@ -259,38 +243,24 @@ def _resolve(names: tuple[str, ...]) -> type[BaseException] | None:
 
 
 def _merge(failures: list[RankFailure]) -> list[RankFailure]:
-    """One failure per failing rank and kind (the failing rank's own report preferred), sorted by rank."""
+    """One failure per failing rank and kind (the failing rank's own report, else the lowest reporter's), by rank."""
     chosen: dict[tuple[int, str], RankFailure] = {}
-    for failure in failures:
-        key = (failure.global_rank, failure.kind)
-        current = chosen.get(key)
-        if current is None or _preference(failure) < _preference(current):
-            chosen[key] = failure
+    for f in sorted(failures, key=lambda f: (f.reported_by not in (None, f.global_rank), f.reported_by or 0)):
+        chosen.setdefault((f.global_rank, f.kind), f)
     # within one rank, what others saw first: a rank's own exception can only follow it (a collective that fails once
     # the ranks that timed out on it have left), never precede it, since a rank that raised is no longer waited for
     return sorted(chosen.values(), key=lambda f: (f.global_rank, f.reported_by is None, f.kind))
 
 
-def _preference(failure: RankFailure) -> tuple[int, int]:
-    own = failure.reported_by is None or failure.reported_by == failure.global_rank
-    return (0 if own else 1, failure.reported_by if failure.reported_by is not None else -1)
-
-
 def malformed_report(stage: str, record: str, problem: BaseException) -> RankFailure:
     """The failure to report for a record in the store that is not one this package wrote."""
     shown = record if len(record) <= 200 else record[:200] + "..."
-    return RankFailure(
-        global_rank=-1,
-        node_rank=None,
-        local_rank=None,
-        stage=stage,
-        kind=FailureKind.MALFORMED,
-        message=(
-            f"a failure record in the job's store could not be read ({problem}): {shown!r}. Another rank reported a"
-            " failure, but its record was damaged or was not written by serialized_restore (any process that can"
-            " reach the job's TCPStore can write to it)."
-        ),
+    message = (
+        f"a failure record in the job's store could not be read ({problem}): {shown!r}. Another rank reported a"
+        " failure, but its record was damaged or was not written by serialized_restore (any process that can reach"
+        " the job's TCPStore can write to it)."
     )
+    return RankFailure(-1, None, None, stage, FailureKind.MALFORMED, message)
 
 
 def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFailure:
@@ -298,20 +268,36 @@ def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFai
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     host = "the launcher's agent (torchrun)" if agent else "global rank 0"
     cause = err.__cause__ or err
-    first_line = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-    return RankFailure(
-        global_rank=observer if agent else 0,
-        node_rank=None if agent else 0,
-        local_rank=None if agent else 0,
-        stage=stage,
-        kind=FailureKind.STORE_LOST,
-        message=(
-            f"lost contact with the process group's store, which is hosted by {host}: that process probably"
-            f" exited, was killed (for example by the out-of-memory killer) or crashed"
-            f" ({type(cause).__name__}: {first_line})."
-        ),
-        reported_by=observer,
+    first_line = (str(cause).strip().splitlines() or [""])[0]
+    message = (
+        f"lost contact with the process group's store, which is hosted by {host}: that process probably exited, was"
+        f" killed (for example by the out-of-memory killer) or crashed ({type(cause).__name__}: {first_line})."
     )
+    rank, node, local = (observer, None, None) if agent else (0, 0, 0)
+    return RankFailure(rank, node, local, stage, FailureKind.STORE_LOST, message, reported_by=observer)
+
+
+def gone_failure(
+    stage: str, observer: Any, local: int, who: Any, doing: str, silent: float, heartbeat_timeout: float
+) -> RankFailure:
+    """Local rank ``local`` of the node of ``observer`` (a placement), ``who`` (its ``_liveness.Identity``): its
+    process exited (``silent`` 0) or its heartbeat has been silent for ``silent`` seconds."""
+    bound = f"{HEARTBEAT_TIMEOUT_SETTING} (seconds, now {heartbeat_timeout:g})"
+    if not silent:
+        message = (
+            f"its process (pid {who.pid}) exited while {doing} of stage {stage!r}: it was probably killed (for example"
+            f" by the out-of-memory killer) or crashed without raising. Ranks on other machines are declared dead after"
+            f" {bound} without a heartbeat."
+        )
+    else:
+        message = (
+            f"stopped responding while {doing} of stage {stage!r}: no heartbeat for {silent:.1f}s. The process"
+            f" probably died (killed, out of memory) or its machine is unreachable. Set {bound} to change how long"
+            " ranks wait for a silent rank."
+        )
+    kind = FailureKind.UNRESPONSIVE if silent else FailureKind.DIED
+    observed_by = observer.global_rank
+    return RankFailure(who.global_rank, observer.node_rank, local, stage, kind, message, reported_by=observed_by)
 
 
 def failure_from_exception(rank: Any, stage: str, err: BaseException, checkpoint_path: str) -> RankFailure:
@@ -322,12 +308,12 @@ def failure_from_exception(rank: Any, stage: str, err: BaseException, checkpoint
     if explanation is not None:
         message = f"{explanation}\n  {message}"
     return RankFailure(
-        global_rank=rank.global_rank,
-        node_rank=rank.node_rank,
-        local_rank=rank.local_rank,
-        stage=stage,
-        kind=FailureKind.EXCEPTION,
-        message=message,
+        rank.global_rank,
+        rank.node_rank,
+        rank.local_rank,
+        stage,
+        FailureKind.EXCEPTION,
+        message,
         traceback="".join(traceback.format_exception(type(err), err, err.__traceback__)),
         error_types=_type_names(type(err)),
     )

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Callable
 
 from serialized_restore._errors import CheckpointRestoreError, RankFailure, restore_error, store_lost_failure
 from serialized_restore._liveness import WaitKind, Watch
@@ -41,42 +42,41 @@ class Exchange:
         """Post ``own`` failures, gather everyone's, and build the error this rank raises."""
         store, keys, rank, view = self._store, self._store.keys, self._p.global_rank, self._store.main
         try:
-            if own:
-                store.post(own, view)
-            if view.add(keys.acked, 1) >= self._p.world_size:
-                view.set(keys.all_acked, "1")
-            if view.compare_set(keys.coordinator, "", str(rank)) == str(rank):
+            self.acknowledge(own)
+            coordinator = view.compare_set(keys.coordinator, "", str(rank)) == str(rank)
+            if coordinator:
                 failures = self._gather()
-                self._watch.keep(failures)
-                view.add(keys.reads, 1)
-                self._linger()
             else:
                 self._await(keys.all_acked, _GATHER_GRACE)
                 failures = store.reports(view)
-                self._watch.keep(failures)
-                view.add(keys.reads, 1)
+            self._watch.reports = failures
+            view.add(keys.reads, 1)
+            if coordinator:
+                # until every rank that acknowledged has read: a launcher kills the job once a process exits
+                self._poll(lambda: view.add(keys.reads, 0) >= view.add(keys.acked, 0), _LINGER)
+                view.set(keys.all_read, "1")
+            else:
                 self._await(keys.all_read, _LINGER)
         except StoreLost as err:
-            return self.store_lost(own, err, raised)
+            return self.store_lost(err, own, raised)
         return restore_error(self._s.checkpoint_path, failures + own, rank, raised)
 
     def acknowledge(self, own: list[RankFailure]) -> None:
-        """(on KeyboardInterrupt or SystemExit) Post ``own`` and acknowledge, without waiting."""
+        """Post ``own`` and acknowledge, without waiting (alone: on KeyboardInterrupt or SystemExit)."""
         view, keys = self._store.main, self._store.keys
-        with contextlib.suppress(StoreLost):
+        if own:
             self._store.post(own, view)
-            if view.add(keys.acked, 1) >= self._p.world_size:
-                view.set(keys.all_acked, "1")
+        if view.add(keys.acked, 1) >= self._p.world_size:
+            view.set(keys.all_acked, "1")
 
     def store_lost(
-        self, own: list[RankFailure], err: BaseException, raised: BaseException | None = None
+        self, err: BaseException, own: Sequence[RankFailure] = (), raised: BaseException | None = None
     ) -> CheckpointRestoreError:
         """The error to raise once the store is gone: what this rank read before, its own failures, and the loss of
         the store itself when nothing else explains it."""
-        failures = self._watch.reports + own
-        if not failures:
-            failures = [store_lost_failure(self._store.keys.stage, self._p.global_rank, err)]
-        return restore_error(self._s.checkpoint_path, failures, self._p.global_rank, raised)
+        rank = self._p.global_rank
+        failures = [*(self._watch.reports or []), *own] or [store_lost_failure(self._store.keys.stage, rank, err)]
+        return restore_error(self._s.checkpoint_path, failures, rank, raised)
 
     def _await(self, key: str, bound: float) -> None:
         release_after = bound + _RELEASE_MARGIN
@@ -86,35 +86,31 @@ class Exchange:
     def _gather(self) -> list[RankFailure]:
         """(the coordinator) Until every rank acknowledged or is gone, at most ``_GATHER_GRACE``; then release."""
         store, keys, view, world = self._store, self._store.keys, self._store.main, self._p.world_size
-        started = time.monotonic()
-        seen, failures, pause = -1, [], _POLL_FIRST
-        while True:
-            acked = view.add(keys.acked, 0)
-            count = view.add(keys.failures, 0)
+        seen, failures, missing = -1, [], world
+
+        def everyone() -> bool:
+            nonlocal seen, failures, missing
+            acked, count = view.add(keys.acked, 0), view.add(keys.failures, 0)
             if count != seen:
                 seen, failures = count, store.reports(view)
-            gone = {f.global_rank for f in failures if f.kind.gone}
-            if acked + len(gone) >= world or time.monotonic() - started >= _GATHER_GRACE:
-                break
-            time.sleep(pause)
-            pause = min(_POLL_MAX, pause * 2)
+            missing = world - acked - len({f.global_rank for f in failures if f.kind.gone})
+            return missing <= 0
+
+        self._poll(everyone, _GATHER_GRACE)
         view.set(keys.all_acked, "1")
         if view.add(keys.failures, 0) != seen:
             failures = store.reports(view)
-        if acked + len(gone) < world:
+        if missing > 0:
             self._s.log.info(
-                f"[rank {self._p.global_rank}] serialized restore: {world - acked - len(gone)} rank(s) had not"
-                f" acknowledged the failure after {_GATHER_GRACE:g}s (inside their turn, or not answering)"
+                f"[rank {self._p.global_rank}] serialized restore: {missing} rank(s) had not acknowledged the failure"
+                f" after {_GATHER_GRACE:g}s (inside their turn, or not answering)"
             )
         return failures
 
-    def _linger(self) -> None:
-        """(the coordinator) Until every rank that acknowledged has read, at most ``_LINGER``; then release."""
-        view, keys = self._store.main, self._store.keys
+    @staticmethod
+    def _poll(done: Callable[[], bool], bound: float) -> None:
+        """Until ``done()``, at most ``bound`` seconds, at a falling rate (the coordinator's counter reads)."""
         started, pause = time.monotonic(), _POLL_FIRST
-        while time.monotonic() - started < _LINGER:
-            if view.add(keys.reads, 0) >= view.add(keys.acked, 0):
-                break
+        while not done() and time.monotonic() - started < bound:
             time.sleep(pause)
             pause = min(_POLL_MAX, pause * 2)
-        view.set(keys.all_read, "1")

@@ -1,16 +1,11 @@
 """Liveness: while a rank takes part in a stage, its :class:`Watch` keeps it visible and ends every wait in its bound.
 
-One watch per rank and stage, stepped every ``tick`` (at most ``_TICK`` seconds) on the rank's side connection, with
-three jobs: **heartbeat** (every ``heartbeat_timeout / 4`` seconds, at most ``_BEAT_MAX``); **peer watch** (a process
-of its node gone from this machine is seen in ``/proc`` within a tick, a heartbeat silent for the heartbeat timeout
-at the beat rate; either is posted); **turn timeout** (while the main thread waits, it re-checks every ``_RECHECK``
-seconds, or a tenth of a shorter turn timeout, what the wait is for: it repairs a lost wake-up or close, and posts a
-timeout when nothing moved for the turn timeout). It also sets the failure exchange's waits free at their bound, and
-while the main thread is inside its turn publishes where it is (for the timeout message) and keeps the stage's
-failure reports, so that a rank can name a failure after losing the store.
-
-A :class:`WatchHost` runs the watches: by default each on a daemon thread of its own (:class:`OwnThread`); a
-simulation hosting many ranks in one process may run them on fewer threads.
+One watch per rank and stage, on the rank's side connection: **heartbeat**; **peer watch** (a process of its node gone
+from this machine, or a heartbeat silent for the heartbeat timeout, is posted); **turn timeout** (it re-checks what the
+main thread waits for, repairs a lost wake-up or close, and posts a timeout when nothing moved for the turn timeout).
+It also sets the failure exchange's waits free at their bound, and while the main thread is inside its turn publishes
+where it is (for the timeout message) and keeps the stage's failure reports (to name a failure after losing the store).
+A :class:`WatchHost` runs the watches (by default each on a thread of its own, :class:`OwnThread`).
 """
 
 from __future__ import annotations
@@ -25,20 +20,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 from serialized_restore._diagnosis import Where, diagnose_stall
-from serialized_restore._errors import FailureKind, RankFailure
-from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING
+from serialized_restore._errors import RankFailure, gone_failure
 from serialized_restore._order import NodeLog
-from serialized_restore._store import StageStore, StoreLost, heartbeat_key, identity_key
+from serialized_restore._store import StageStore, heartbeat_key, identity_key
 
 log = logging.getLogger(__name__)
 
 _TICK = 0.5
 _RECHECK = 1.0
 _BEAT_MAX = 15.0
-_WHERE_EVERY = 1.0
 
 
 def beat_interval(heartbeat_timeout: float) -> float:
@@ -58,27 +51,18 @@ def process_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     except OSError:
-        pass
-    else:
-        # "pid (comm) state ...": comm may contain spaces and parentheses
-        return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return True  # cannot tell: the heartbeat decides
+    # "pid (comm) state ...": comm may contain spaces and parentheses
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
 
 
-@dataclass(frozen=True)
-class Identity:
-    """Who a rank's process is, so that ranks on the same machine can tell whether it still exists."""
+class Identity(NamedTuple):
+    """Who a rank's process is, so that ranks on the same machine can tell whether it still exists; stored as JSON."""
 
     global_rank: int
     pid: int
     machine: str
-    """Boot id and pid namespace: equal only for processes that see the same pids."""
+    """Host, boot id and pid namespace: equal only for processes that see the same pids; empty off Linux."""
 
     @classmethod
     def of_this_process(cls, global_rank: int) -> Identity:
@@ -88,12 +72,6 @@ class Identity:
         except OSError:
             machine = ""  # not Linux: heartbeats only
         return cls(global_rank, os.getpid(), machine)
-
-    def same_machine(self, other: Identity) -> bool:
-        return bool(self.machine) and self.machine == other.machine
-
-    def to_json(self) -> str:
-        return json.dumps([self.global_rank, self.pid, self.machine])
 
     @classmethod
     def from_json(cls, text: str) -> Identity:
@@ -114,16 +92,14 @@ class PeerWatch:
         """Peers that have not published who they are yet."""
         return [r for r in range(self._lws) if r != self._local and r not in self.identities]
 
-    def learn(self, local: int, identity: Identity) -> None:
-        self.identities[local] = identity
-
     def new_stage(self) -> None:
         """Forget heartbeat observations: between stages nobody beats."""
         self._beats.clear()
 
     def exited(self, alive: Callable[[int], bool] = process_alive) -> list[int]:
         """Peers on this machine whose process is gone."""
-        return sorted(r for r, i in self.identities.items() if i.same_machine(self._me) and not alive(i.pid))
+        here = self._me.machine
+        return sorted(r for r, i in self.identities.items() if here and i.machine == here and not alive(i.pid))
 
     def observe(self, beats: dict[int, int], now: float) -> list[tuple[int, float]]:
         """Record heartbeat counters read at ``now``; the peers silent for longer than the timeout, and for how long.
@@ -138,34 +114,10 @@ class PeerWatch:
         return silent
 
 
-def gone_failure(
-    stage: str, observer: int, node: int, local: int, who: Identity, doing: str, silent: float, heartbeat_timeout: float
-) -> RankFailure:
-    """A peer whose process exited (``silent`` 0) or whose heartbeat has been silent for ``silent`` seconds."""
-    bound = f"{HEARTBEAT_TIMEOUT_SETTING} (seconds, now {heartbeat_timeout:g})"
-    if not silent:
-        message = (
-            f"its process (pid {who.pid}) exited while {doing} of stage {stage!r}: it was probably killed (for example"
-            f" by the out-of-memory killer) or crashed without raising. Ranks on other machines are declared dead after"
-            f" {bound} without a heartbeat."
-        )
-    else:
-        message = (
-            f"stopped responding while {doing} of stage {stage!r}: no heartbeat for {silent:.1f}s. The process"
-            f" probably died (killed, out of memory) or its machine is unreachable. Set {bound} to change how long"
-            " ranks wait for a silent rank."
-        )
-    kind = FailureKind.UNRESPONSIVE if silent else FailureKind.DIED
-    return RankFailure(who.global_rank, node, local, stage, kind, message, reported_by=observer)
-
-
 class WaitKind(Enum):
-    TURN = "turn"
-    """For the predecessor's end."""
-    END = "end"
-    """For every rank to end the stage."""
-    RELEASE = "release"
-    """A wait of the failure exchange, set free at a deadline."""
+    TURN = "turn"  # for the predecessor's end
+    END = "end"  # for every rank to end the stage
+    RELEASE = "release"  # a wait of the failure exchange, set free at a deadline
 
 
 @dataclass
@@ -213,11 +165,10 @@ class OwnThread:
 
     def stop(self, watch: Watch) -> None:
         """Once this returns, no step of ``watch`` runs (it waits up to 5 s for one in progress)."""
-        thread, stopped = self._threads.pop(watch, (None, None))
-        if thread is not None and stopped is not None:
-            stopped.set()
-            if thread is not threading.current_thread():
-                thread.join(5.0)
+        thread, stopped = self._threads.pop(watch)
+        stopped.set()
+        if thread is not threading.current_thread():
+            thread.join(5.0)
 
     def runs(self, watch: Watch) -> bool:
         entry = self._threads.get(watch)
@@ -236,26 +187,21 @@ class Watch:
         beat_every, self._recheck = beat_interval(schedule.heartbeat_timeout), recheck_interval(schedule.turn_timeout)
         self.tick = min(_TICK, beat_every, self._recheck)
         self._beat_every = beat_every
-        self._lock = threading.Lock()
+        # shared with the main thread, each written whole by one thread (no lock needed): where the main thread is,
+        # and the stage's failure reports as this rank last read them (None: not read)
         self._in_turn = False
         self._wait: _Wait | None = None
-        self._reports: list[RankFailure] | None = None
+        self.reports: list[RankFailure] | None = None
         self._reported: set[int] = set()
         self._log_seen = False
         now = time.monotonic()
         # the first look one beat in: a short stage costs no heartbeat at all
         self._next_beat = self._next_read = now + beat_every
-        self._next_identity = self._next_where = self._next_closed = now
+        self._next_identity = self._next_in_turn = now
         self._main = threading.get_ident()
         schedule.peers.new_stage()
 
     # ------------------------------------------------------------ main thread
-
-    def start(self) -> None:
-        self._s.host.start(self)
-
-    def stop(self) -> None:
-        self._s.host.stop(self)
 
     @property
     def alive(self) -> bool:
@@ -264,16 +210,13 @@ class Watch:
 
     @contextlib.contextmanager
     def in_turn(self) -> Iterator[None]:
-        now = time.monotonic()
-        with self._lock:
-            self._in_turn = True
-            # with a short turn timeout, where the body is must be known well before any rank can time it out
-            self._next_where, self._next_closed = now + min(_WHERE_EVERY, self._recheck), now + self._recheck
+        # where the body is must be known well before any rank can time it out
+        self._next_in_turn = time.monotonic() + self._recheck
+        self._in_turn = True
         try:
             yield
         finally:
-            with self._lock:
-                self._in_turn = False
+            self._in_turn = False
 
     @contextlib.contextmanager
     def waiting(self, kind: WaitKind, key: str, predecessor: int | None = None, *, release_after: float = 0.0
@@ -282,23 +225,11 @@ class Watch:
         ``release_after`` seconds."""
         now = time.monotonic()
         due = now + (release_after if kind is WaitKind.RELEASE else self._recheck)
-        with self._lock:
-            self._wait = _Wait(kind, key, due, predecessor, last_change=now)
+        self._wait = _Wait(kind, key, due, predecessor, last_change=now)
         try:
             yield
         finally:
-            with self._lock:
-                self._wait = None
-
-    @property
-    def reports(self) -> list[RankFailure]:
-        """The stage's failure reports as this rank last read them."""
-        with self._lock:
-            return list(self._reports or [])
-
-    def keep(self, reports: list[RankFailure]) -> None:
-        with self._lock:
-            self._reports = list(reports)
+            self._wait = None
 
     # ----------------------------------------------------------- watch thread
 
@@ -306,9 +237,7 @@ class Watch:
         """One step; ``False`` once it must not run again."""
         try:
             self._step(now)
-        except StoreLost:
-            return False  # the main thread finds out on its next store operation
-        except Exception:  # never let a bug here end the process; the main thread's waits have a backstop
+        except Exception:  # a lost store, which the main thread finds out on its next operation, or a bug here
             log.debug("serialized restore: a watch stopped", exc_info=True)
             return False
         return True
@@ -319,17 +248,14 @@ class Watch:
             view.add(heartbeat_key(p.node_rank, p.local_rank), 1)
             self._next_beat = now + self._beat_every
         self._watch_peers(now)
-        with self._lock:
-            in_turn, wait, copied = self._in_turn, self._wait, self._reports is not None
-        if in_turn and now >= self._next_where:
-            self._next_where = now + min(_WHERE_EVERY, self._recheck)
+        in_turn, wait, copied = self._in_turn, self._wait, self.reports is not None
+        if in_turn and now >= self._next_in_turn:
+            self._next_in_turn = now + self._recheck
             where = Where.of_thread(self._main)
             if where is not None:
                 view.set(keys.where(p.node_rank, p.local_rank), where.to_json())
-        if in_turn and not copied and now >= self._next_closed:
-            self._next_closed = now + self._recheck
-            if view.get_if_set(keys.closed) == "failed":
-                self.keep(self._store.reports(view))
+            if not copied and view.get_if_set(keys.closed) == "failed":
+                self.reports = self._store.reports(view)
         if wait is not None and now >= wait.due:
             self._check_wait(now, wait)
 
@@ -339,15 +265,9 @@ class Watch:
         if missing and now >= self._next_identity:
             self._next_identity = now + self._recheck
             keys = [identity_key(p.node_rank, local) for local in missing]
-            if len(keys) > 1 and view.check(keys):
-                # everyone has arrived (the usual case): two operations, whatever the node's size
-                for local, raw in zip(missing, view.multi_get(keys)):
-                    peers.learn(local, Identity.from_json(raw))
-            else:
-                for local, key in zip(missing, keys):
-                    arrived = view.get_if_set(key)
-                    if arrived is not None:
-                        peers.learn(local, Identity.from_json(arrived))
+            # everyone has arrived (the usual case): two operations, whatever the node's size
+            values = view.multi_get(keys) if view.check(keys) else [view.get_if_set(key) for key in keys]
+            peers.identities.update({lr: Identity.from_json(v) for lr, v in zip(missing, values) if v is not None})
         gone = dict.fromkeys(peers.exited(self._s.host.process_alive), 0.0)
         if now >= self._next_read and peers.identities:
             self._next_read = now + self._beat_every
@@ -361,12 +281,11 @@ class Watch:
         self._reported.update(new)
         if view.check([self._store.keys.closed]):
             return  # the stage ended, or failed and its ranks are raising: a peer that exits now has left it
-        node_log = self._node_log()
-        stage, timeout = self._store.keys.stage, self._s.heartbeat_timeout
-        failures = []
-        for local, silent in sorted(new.items()):
-            who, doing = peers.identities[local], node_log.doing(local)
-            failures.append(gone_failure(stage, p.global_rank, p.node_rank, local, who, doing, silent, timeout))
+        node_log, stage, timeout = self._node_log(), self._store.keys.stage, self._s.heartbeat_timeout
+        failures = [
+            gone_failure(stage, p, local, peers.identities[local], node_log.doing(local), silent, timeout)
+            for local, silent in sorted(new.items())
+        ]
         self._store.post(failures, view)
 
     def _node_log(self) -> NodeLog:

@@ -1,11 +1,8 @@
 """The schedule's store: its connections, its key names, and the failure records a stage's ranks post and read.
 
-A rank talks to the job's ``TCPStore`` (the default process group's store) through two connections: the *main* one, a
-``clone()`` on which the rank's main thread blocks in ``get`` until a key is set (a blocking operation holds its
-connection, so nothing else uses it), and the *side* one, the job's store itself, for the short operations of the
-rank's watch thread (``_liveness``). A blocking ``get`` that times out writes a c10d warning to stderr that Python
-cannot filter, so no wait relies on its timeout: every wait ends when a key is set, and the connection's timeout is
-only a backstop. Every error from the store becomes :class:`StoreLost`, a backstop timeout :class:`StoreTimeout`.
+A rank's main thread blocks in ``get`` on the *main* connection, a ``clone()`` of the job's store (a blocking operation
+holds its connection); its watch thread makes short operations on the *side* one, the job's store itself. Every error
+from the store becomes :class:`StoreLost`; the main connection's backstop timeout :class:`StoreTimeout`.
 """
 
 from __future__ import annotations
@@ -28,11 +25,6 @@ class StoreTimeout(StoreLost):
     """A blocking operation reached the connection's backstop timeout; the store itself may be fine."""
 
 
-def _is_timeout(err: BaseException) -> bool:
-    store_error = getattr(dist, "DistStoreError", None)
-    return store_error is not None and isinstance(err, store_error) and "timeout" in str(err).lower()
-
-
 class StoreView:
     """One connection to a schedule's namespace in the store; every failure raises :class:`StoreLost`."""
 
@@ -43,7 +35,8 @@ class StoreView:
         try:
             return getattr(self.raw, method)(*args)
         except Exception as err:  # DistNetworkError, DistStoreError, RuntimeError depending on torch version
-            raise (StoreTimeout if _is_timeout(err) else StoreLost)(str(err)) from err
+            timeout = isinstance(err, dist.DistStoreError) and "timeout" in str(err).lower()
+            raise (StoreTimeout if timeout else StoreLost)(str(err)) from err
 
     def add(self, key: str, amount: int) -> int:
         return int(self._call("add", key, amount))
@@ -68,12 +61,11 @@ class StoreView:
         return _text(self._call("compare_set", key, expected, desired))
 
     def multi_set(self, keys: list[str], values: list[str]) -> None:
-        if keys:
-            self._call("multi_set", keys, values)
+        self._call("multi_set", keys, values)
 
     def multi_get(self, keys: list[str]) -> list[str]:
-        """Values of keys known to be set (a missing key blocks)."""
-        return [_text(v) for v in self._call("multi_get", keys)] if keys else []
+        """Values of keys known to be set (a missing key blocks); ``keys`` is never empty here."""
+        return [_text(v) for v in self._call("multi_get", keys)]
 
     def append(self, key: str, value: str) -> None:
         self._call("append", key, value)
@@ -97,13 +89,8 @@ def open_namespace(job_store: Any, global_rank: int, backstop: float) -> tuple[S
     try:
         connection = _second_connection(job_store)
         connection.set_timeout(datetime.timedelta(seconds=backstop))
-    except Exception as err:
-        network_error = getattr(dist, "DistNetworkError", None)
-        if network_error is not None and isinstance(err, network_error):
-            raise StoreLost(str(err)) from err
-        # a store without clone(): the watch's operations then wait behind the main thread's blocking ones, which
-        # delays wake-ups set by this rank's own watch but loses none
-        connection = job_store
+    except Exception as err:  # every store a process group is built on clones; an error here is a lost store
+        raise StoreLost(str(err)) from err
     return StoreView(dist.PrefixStore(prefix, connection)), StoreView(dist.PrefixStore(prefix, job_store))
 
 
@@ -173,17 +160,15 @@ class StageStore:
     side: StoreView
     wake_keys: list[str]
 
-    def post(self, failures: list[RankFailure], view: StoreView) -> str:
-        """(any rank, any thread) Post ``failures`` and close the stage as failed; the stage's fate afterwards:
-        ``"failed"``, or ``"ended"`` if every rank had ended the stage before (the failures then change nothing)."""
+    def post(self, failures: list[RankFailure], view: StoreView) -> None:
+        """(any rank, any thread) Post ``failures`` and close the stage as failed, unless every rank had ended it
+        before (the failures then change nothing)."""
         keys = self.keys
         view.append(keys.reports, "".join(f.to_json() + "\n" for f in failures))
         view.add(keys.failures, 1)
-        fate = view.compare_set(keys.closed, "", "failed")
-        if fate != "ended":
+        if view.compare_set(keys.closed, "", "failed") != "ended":
             # every poster wakes everyone: a poster that died between its close and this line would leave waiters
             view.multi_set(self.wake_keys, ["failed"] * len(self.wake_keys))
-        return fate
 
     def reports(self, view: StoreView) -> list[RankFailure]:
         """The stage's failure records, each checked field by field; a record that is not one of ours becomes a

@@ -1,17 +1,14 @@
 """The turn schedule: which local rank of a node restores when, and how a failure reaches every rank.
 
-It knows nothing about checkpoints beyond the path it names in its errors, and coordinates through the default process
-group's key-value store, never through collectives: a waiting rank blocks on one key, bounded by the turn timeout
-since the last turn on its node started or ended; a rank that fails wakes every waiting rank at once and every rank
-raises the same :class:`~serialized_restore.CheckpointRestoreError`; a rank that dies is seen gone by the ranks on its
-machine, or silent after the heartbeat timeout. Per stage, a rank's main thread (here) and its watch
-(``_liveness.Watch``) share one ``_store.StageStore``; a failed stage ends through ``_exchange.Exchange``.
-``docs/design.md`` describes the protocol and its store load.
+It coordinates through the default process group's key-value store, never through collectives. Per stage, a rank's
+main thread (here) and its watch (``_liveness.Watch``) share one ``_store.StageStore``; a failed stage ends through
+``_exchange.Exchange``. ``docs/design.md`` describes the protocol and its store load.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -49,12 +46,9 @@ _SIGNAL_CHECK = 1.0
 class Outcome(str, Enum):
     """How a wait ends: the value its key was set to."""
 
-    GO = "go"
-    """The predecessor ended its turn (or there is none)."""
-    ENDED = "ended"
-    """Every rank ended the stage."""
-    FAILED = "failed"
-    """A rank posted a failure first."""
+    GO = "go"  # the predecessor ended its turn (or there is none)
+    ENDED = "ended"  # every rank ended the stage
+    FAILED = "failed"  # a rank posted a failure first
 
     @classmethod
     def of(cls, value: str) -> Outcome:
@@ -166,7 +160,7 @@ class TurnSchedule:
         watch = Watch(self, store)
         exchange = Exchange(self, store, watch)
         keys, main = store.keys, store.main
-        watch.start()
+        self.host.start(watch)
         try:
             try:
                 waited_from = time.monotonic()
@@ -178,13 +172,14 @@ class TurnSchedule:
                     waited = f"after waiting {record.waited:.2f}s" if ordered else "with the node's other ranks at once"
                     self.log.info(f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started {waited}")
             except StoreLost as err:
-                raise exchange.store_lost([], err) from None
+                raise exchange.store_lost(err) from None
             started, memory_before = time.monotonic(), private_memory()
             try:
                 with watch.in_turn():
                     yield record
             except (KeyboardInterrupt, SystemExit) as err:
-                exchange.acknowledge([failure_from_exception(p, stage, err, self.checkpoint_path)])
+                with contextlib.suppress(StoreLost):
+                    exchange.acknowledge([failure_from_exception(p, stage, err, self.checkpoint_path)])
                 raise
             except BaseException as err:
                 error = exchange.abort([failure_from_exception(p, stage, err, self.checkpoint_path)], err)
@@ -201,9 +196,9 @@ class TurnSchedule:
                 if logged and p.local_rank == 0:
                     self._log_node_summary(main, keys, ordered)
             except StoreLost as err:
-                raise exchange.store_lost([], err) from None
+                raise exchange.store_lost(err) from None
         finally:
-            watch.stop()
+            self.host.stop(watch)
 
     def on_one_rank(
         self, stage: str, compute: Callable[[], str | None], *, central: bool, per_node: bool = False
@@ -243,7 +238,7 @@ class TurnSchedule:
             main, side = open_namespace(self._job_store, p.global_rank, _BACKSTOP)
             # the heartbeat exists before the identity: a peer that knows who this rank is can read it
             side.add(heartbeat_key(p.node_rank, p.local_rank), 1)
-            side.set(identity_key(p.node_rank, p.local_rank), Identity.of_this_process(p.global_rank).to_json())
+            side.set(identity_key(p.node_rank, p.local_rank), json.dumps(Identity.of_this_process(p.global_rank)))
             self._views = (main, side)
         nodes = max(1, p.world_size // p.local_world_size)
         wake_keys = [keys.wake(n, r) for n in range(nodes) for r in range(p.local_world_size)]
@@ -272,18 +267,14 @@ class TurnSchedule:
         line = NodeLog.end_line(p.local_rank, record.duration, mapped, record.bytes_read - mapped,
                                 record.bytes_copied, memory, memory - memory_before)  # fmt: skip
         main.append(keys.log(p.node_rank), line)
-        if ordered:
-            self._wake_successor(main, keys)
+        successor = self.order.successor(p.local_rank)
+        if ordered and successor is not None:
+            # compare_set: a failure's "failed" stays
+            main.compare_set(keys.wake(p.node_rank, successor), "", Outcome.GO.value)
         if main.add(keys.finished, 1) >= p.world_size:
             return Outcome.of(main.compare_set(keys.closed, "", Outcome.ENDED.value))
         with watch.waiting(WaitKind.END, keys.closed):
             return self._block(main, keys.closed, watch)
-
-    def _wake_successor(self, main: StoreView, keys: StageKeys) -> None:
-        successor = self.order.successor(self.placement.local_rank)
-        if successor is not None:
-            # compare_set: a failure's "failed" stays
-            main.compare_set(keys.wake(self.placement.node_rank, successor), "", Outcome.GO.value)
 
     @staticmethod
     def _block(main: StoreView, key: str, watch: Watch) -> Outcome:
@@ -321,10 +312,9 @@ class TurnSchedule:
         )
 
     def _log_node_summary(self, main: StoreView, keys: StageKeys, ordered: bool) -> None:
-        node_log = NodeLog.parse(main.get(keys.log(self.placement.node_rank)))  # set: this rank's turn is in it
+        # this rank's own turn is in the node's log: it is set, and ``ranks`` is never empty
+        node_log = NodeLog.parse(main.get(keys.log(self.placement.node_rank)))
         ranks = [r for r in sorted(node_log.durations) if r in node_log.started]
-        if not ranks:
-            return
         took = max(node_log.started[r] + node_log.durations[r] for r in ranks) - min(node_log.started[r] for r in ranks)
         ends = [node_log.ends[r] for r in ranks if r in node_log.ends]
         mapped, eager, copied = (sum(e[i] for e in ends) for i in range(3))

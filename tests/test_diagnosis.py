@@ -5,6 +5,7 @@ from __future__ import annotations
 from serialized_restore._diagnosis import Where, timeout_failures
 from serialized_restore._options import TURN_TIMEOUT_SETTING
 from serialized_restore._order import NodeLog
+from serialized_restore._turns import RankPlacement
 
 STAGE = "restore modules and callbacks"
 
@@ -25,8 +26,7 @@ def test_timeout_names_the_rank_inside_its_turn_and_its_collective():
     )
     (failure,) = timeout_failures(
         stage=STAGE,
-        observer=(1, 0, 1),
-        local_world_size=3,
+        observer=RankPlacement(1, 3, 0, 1, 3),
         turn_timeout=8.0,
         idle=8.5,
         what="the end of local rank 0's turn",
@@ -47,7 +47,7 @@ def test_timeout_names_ranks_that_never_arrived_else_the_observer():
     """With no rank inside its turn, a turn timeout blames the ranks that have not reached the restore; when every
     rank has, it blames the observer itself and says that no rank is inside its turn."""
     log = NodeLog.parse(NodeLog.start_line(0, 1.0) + NodeLog.end_line(0, 1.0))
-    common = dict(stage=STAGE, observer=(0, 0, 0), local_world_size=2, turn_timeout=1.5, idle=2.0, what="x", now=5.0)
+    common = dict(stage=STAGE, observer=RankPlacement(0, 2, 0, 0, 2), turn_timeout=1.5, idle=2.0, what="x", now=5.0)
     (absent,) = timeout_failures(logs={0: log}, arrived={(0, 0): 0}, wheres={}, **common)
     assert absent.global_rank == 1 and "has not reached the restore" in absent.message
     (nobody,) = timeout_failures(logs={0: log}, arrived={(0, 0): 0, (0, 1): 1}, wheres={}, **common)
@@ -64,6 +64,6 @@ def test_where_finds_the_collective_and_its_caller_and_survives_json():
             ("/x/torch/distributed/distributed_c10d.py", 4000, "barrier", ""),
         ]
     )
-    assert where.collective == "barrier" and where.caller == "`on_load_checkpoint` (train.py, line 42)"
+    assert where.collective() == ("barrier", "`on_load_checkpoint` (train.py, line 42)")
     assert Where.from_json(where.to_json()) == where
-    assert Where([("train.py", 1, "f", "")]).collective is None
+    assert Where([("train.py", 1, "f", "")]).collective() is None

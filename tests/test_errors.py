@@ -9,7 +9,15 @@ import traceback
 import pytest
 
 from serialized_restore import CheckpointRestoreError, RankFailure
-from serialized_restore._errors import FailureKind, failure_from_exception, restore_error, store_lost_failure
+from serialized_restore._errors import (
+    FailureKind,
+    failure_from_exception,
+    gone_failure,
+    restore_error,
+    store_lost_failure,
+)
+from serialized_restore._liveness import Identity
+from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING
 from serialized_restore._turns import RankPlacement
 
 CKPT = "/checkpoints/epoch=3.ckpt"
@@ -37,8 +45,9 @@ def test_records_round_trip_and_anything_else_is_refused_by_name():
         "{not json": "not JSON",
         "[1, 2]": "not an object",
         '{"global_rank": 1}': "missing fields",
-        '{"global_rank": "1", "stage": "s", "kind": "died", "message": "m"}': "'global_rank' is str",
-        '{"global_rank": 1, "stage": "s", "kind": "exploded", "message": "m"}': "unknown kind",
+        own.to_json().replace('"global_rank": 1', '"global_rank": "1"'): "'global_rank' is str",
+        own.to_json().replace('"node_rank": 0', '"node_rank": true'): "'node_rank' is bool",
+        own.to_json().replace('"exception"', '"exploded"'): "'exploded' is not a valid FailureKind",
     }
     for text, reason in bad.items():
         with pytest.raises(ValueError, match=reason):
@@ -105,3 +114,15 @@ def test_store_lost_names_rank_zero_and_the_cause(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     agent = store_lost_failure(STAGE, 2, ConnectionResetError("reset"))
     assert agent.global_rank == 2 and "the launcher's agent (torchrun)" in agent.message
+
+
+def test_gone_messages_say_what_the_rank_was_doing_and_the_setting():
+    """A peer whose process exited is ``died``, one silent past the heartbeat timeout ``unresponsive``; each message
+    says what the rank was doing and names the heartbeat setting, the second also how long the rank was silent."""
+    who = Identity(1, 1234, "m")
+    died = gone_failure(STAGE, RankPlacement(0, 2, 0, 0, 2), 1, who, "inside its turn", 0.0, 3.0)
+    assert died.kind == "died" and "(pid 1234) exited while inside its turn" in died.message
+    assert "killed" in died.message and HEARTBEAT_TIMEOUT_SETTING in died.message and died.reported_by == 0
+    silent = gone_failure(STAGE, RankPlacement(0, 2, 0, 0, 2), 1, who, "waiting for its turn", 3.4, 3.0)
+    assert silent.kind == "unresponsive" and "stopped responding while waiting for its turn" in silent.message
+    assert f"Set {HEARTBEAT_TIMEOUT_SETTING} (seconds, now 3)" in silent.message and "3.4s" in silent.message

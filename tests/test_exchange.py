@@ -39,7 +39,7 @@ def _rank_main(rank: int, out: str, absent: list[int]) -> None:
         keys = StageKeys(STAGE)
         stage = StageStore(keys, main, side, [keys.wake(0, r) for r in range(WORLD)])
         watch = Watch(schedule, stage)
-        watch.start()
+        schedule.host.start(watch)
         if rank in absent:
             time.sleep(30)  # blocked in its turn: never acknowledges
         if rank == 1:
@@ -50,7 +50,7 @@ def _rank_main(rank: int, out: str, absent: list[int]) -> None:
         else:
             assert main.get(keys.wake(0, rank)) == "failed"  # woken by the post
             err = Exchange(schedule, stage, watch).abort([])
-        watch.stop()
+        schedule.host.stop(watch)
         outcome.update(
             type=type(err).__name__, failed_ranks=err.failed_ranks, error=str(err), value=isinstance(err, ValueError)
         )
