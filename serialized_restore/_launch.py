@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
+from serialized_restore._flavour import flavour_of
+
 VARIABLE = "SERIALIZED_RESTORE"
 BOOTSTRAP = str(Path(__file__).resolve().with_name("_bootstrap"))
 """The directory holding the bootstrap ``sitecustomize.py``."""
@@ -49,13 +51,6 @@ _REPLACEMENTS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
         {"pytorch_lightning": ("Trainer",), "pytorch_lightning.trainer": ("Trainer",)},
     ),
     "lightning_fabric": ("serialized_restore.fabric", {"lightning_fabric": ("Fabric",)}),
-}
-# where each replaced class logs its line: Lightning's rank-zero logger of the package the class comes from
-_RANK_ZERO = {
-    ("lightning", "Trainer"): "lightning.pytorch",
-    ("lightning", "Fabric"): "lightning.fabric",
-    ("pytorch_lightning", "Trainer"): "pytorch_lightning",
-    ("lightning_fabric", "Fabric"): "lightning_fabric",
 }
 _announced = False
 
@@ -92,12 +87,12 @@ def switch_on(imported: str, raw: str, how: str) -> tuple[str, ...]:
     for module, names in targets.items():
         for name in names:
             cls = getattr(ours, name)
-            _default_to(cls, value, by, _RANK_ZERO[(package, name)])
+            _default_to(cls, value, by, fabric=name == "Fabric")
             setattr(sys.modules[module], name, cls)
     return (package, ours_name)
 
 
-def _default_to(cls: type, value: object, by: str, rank_zero_root: str) -> None:
+def _default_to(cls: type, value: object, by: str, fabric: bool) -> None:
     """Make ``value`` the default of ``cls(serialized_checkpoint_loading=...)``, in its signature too (LightningCLI
     builds its parser from it), and log on rank 0, once per process, what a construction used."""
     init: Callable[..., None] = cls.__init__  # type: ignore[misc]  # the class's own, as built by its module
@@ -109,7 +104,7 @@ def _default_to(cls: type, value: object, by: str, rank_zero_root: str) -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         given = kwargs.setdefault(_PARAMETER, value)
         init(self, *args, **kwargs)
-        _announce(type(self).__name__, given, value, by, rank_zero_root)
+        _announce(self, given, value, by, fabric)
 
     parameters = [p.replace(default=value) if p.name == _PARAMETER else p for p in signature.parameters.values()]
     __init__.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
@@ -118,11 +113,13 @@ def _default_to(cls: type, value: object, by: str, rank_zero_root: str) -> None:
     cls.__init__ = __init__  # type: ignore[misc]
 
 
-def _announce(owner: str, given: object, value: object, by: str, rank_zero_root: str) -> None:
+def _announce(built: Any, given: object, value: object, by: str, fabric: bool) -> None:
+    """(each process, once) Log through Lightning's rank-zero logger of the flavour ``built`` comes from."""
     global _announced
     if _announced:
         return
     _announced = True
+    owner = type(built).__name__
     if given == value:
         message = f"serialized restore: {owner}(serialized_checkpoint_loading={value!r}) switched on {by}"
     else:
@@ -130,10 +127,7 @@ def _announce(owner: str, given: object, value: object, by: str, rank_zero_root:
             f"serialized restore: the program builds {owner}(serialized_checkpoint_loading={given!r}) itself, which"
             f" wins over {value!r} set {by}"
         )
-    rank_zero_info: Callable[[str], None] = importlib.import_module(
-        f"{rank_zero_root}.utilities.rank_zero"
-    ).rank_zero_info
-    rank_zero_info(message)
+    flavour_of(built).import_("utilities.rank_zero", "rank_zero_info", fabric=fabric)(message)
 
 
 def launch_environment(environ: Mapping[str, str], value: str) -> dict[str, str]:
