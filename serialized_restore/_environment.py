@@ -3,8 +3,8 @@
 The add-on's ``Trainer`` and ``Fabric`` read them when they are built (:func:`options_from`): an operator can tune a
 job (a longer turn timeout, the eager reader, a memory figure for ``"auto"``, a directory for remote checkpoints)
 without changing its code. Each overrides one field of :class:`~serialized_restore.SerializedLoading`, whichever way
-the option was given. The modules proposed to Lightning itself do not read the environment (they take the settings
-object only), so nothing outside this module does.
+the option was given. Besides these, only the launcher's switch, ``SERIALIZED_RESTORE`` (``_launch.py``), is read
+from the environment.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ ENVIRONMENT_OVERRIDES = {
     "SERIALIZED_RESTORE_TMPDIR": "SerializedLoading.tmpdir",
     "SERIALIZED_RESTORE_AVAILABLE_MEMORY": "SerializedLoading.available_memory",
 }
-"""Every environment variable the package reads, and the field it overrides."""
+"""Every override variable, and the field it overrides."""
 
 
 def options_from(
