@@ -1,12 +1,10 @@
 """One thread for the watches of every simulated rank of a benchmark worker process.
 
 The coordination benchmark hosts hundreds of ranks in one process (``_coordination_sim.py``). With the package's
-default host (``serialized_restore._liveness.OwnThread``) each rank's watch has a thread of its own, which wakes
-twice a second and reads ``/proc`` for each of its node's other ranks: hundreds of threads and thousands of look-ups a
-second that a real job, with one rank per process, never has. :class:`SharedThread` is a
+default host (``serialized_restore._liveness.OwnThread``) each rank's watch has a thread of its own: hundreds of
+threads per process that a real job, with one rank per process, never has. :class:`SharedThread` is a
 ``serialized_restore._liveness.WatchHost`` that runs every watch of the process on one daemon thread, each at its own
-tick, and shares each pid's ``/proc`` look-up between the watches for half a tick. The schedule takes it through
-``TurnSchedule(host=...)``.
+tick. The schedule takes it through ``TurnSchedule(host=...)``.
 """
 
 from __future__ import annotations
@@ -14,8 +12,6 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any
-
-from serialized_restore._liveness import process_alive
 
 
 class SharedThread:
@@ -25,14 +21,11 @@ class SharedThread:
     """Seconds one step may take before the thread counts as not running (a store operation that never answers):
     the waits of its watches then end at their backstop instead of being issued again."""
 
-    def __init__(self, alive_within: float = 0.25) -> None:
+    def __init__(self) -> None:
         self._cond = threading.Condition()
         self._due: dict[Any, float] = {}
         self._stepping: Any = None
         self._step_started = 0.0
-        self._alive: dict[int, tuple[float, bool]] = {}
-        self._alive_lock = threading.Lock()
-        self._alive_within = alive_within
         self._thread = threading.Thread(target=self._run, name="benchmark-watches", daemon=True)
         self._thread.start()
 
@@ -56,18 +49,6 @@ class SharedThread:
         with self._cond:
             stuck = self._stepping is not None and time.monotonic() - self._step_started > self.stuck_after
             return self._thread.is_alive() and watch in self._due and not stuck
-
-    def process_alive(self, pid: int) -> bool:
-        """``process_alive``, looked up once per ``alive_within`` seconds for all the watches of the process."""
-        now = time.monotonic()
-        with self._alive_lock:
-            cached = self._alive.get(pid)
-            if cached is not None and now - cached[0] < self._alive_within:
-                return cached[1]
-        alive = process_alive(pid)
-        with self._alive_lock:
-            self._alive[pid] = (now, alive)
-        return alive
 
     def _run(self) -> None:
         while True:

@@ -19,20 +19,14 @@ from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING
 
 
 class FailureKind(str, Enum):
-    """What happened to a failing rank (a ``str``, so that records stay plain JSON and compare with their text)."""
+    """What happened to a failing rank (a ``str``: records stay plain JSON); ``docs/failures.md`` has the table."""
 
-    EXCEPTION = "exception"
-    """It raised during its turn; reported by itself."""
-    DIED = "died"
-    """Its process exited; reported by a rank on its machine."""
-    UNRESPONSIVE = "unresponsive"
-    """No heartbeat for the heartbeat timeout."""
-    TIMEOUT = "timeout"
-    """Its turn, or the wait for it, took longer than the turn timeout."""
-    STORE_LOST = "store lost"
-    """The process hosting the process group's store is gone."""
-    MALFORMED = "malformed report"
-    """A record in the store that could not be read (``global_rank`` is then -1)."""
+    EXCEPTION = "exception"  # it raised during its turn
+    DIED = "died"  # its process exited (seen by a rank on its machine)
+    UNRESPONSIVE = "unresponsive"  # no heartbeat for the heartbeat timeout
+    TIMEOUT = "timeout"  # nothing moved for the turn timeout
+    STORE_LOST = "store lost"  # the process hosting the process group's store is gone
+    MALFORMED = "malformed report"  # a record in the store that is not ours (``global_rank`` -1)
 
     def __str__(self) -> str:
         return self.value
@@ -45,47 +39,38 @@ class FailureKind(str, Enum):
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<name>.+)$', re.MULTILINE)
 _WHERE_FRAMES = 3
+# the turn's own files, which every failure's traceback runs through: left out of where it was raised
 _MACHINERY = (f"{os.sep}serialized_restore{os.sep}_turns.py", f"{os.sep}contextlib.py")
-"""Files of the turn itself, which every failure's traceback runs through: left out of where it was raised (by name,
-so that every rank leaves out the same frames wherever the failing rank's files are)."""
 
 
 @dataclass(frozen=True)
 class RankFailure:
-    """What went wrong on one rank during a serialized restore.
-
-    Built on the rank that saw it (the failing rank itself for an exception, another rank for a rank that died or
-    hangs) and shipped to every other rank through the process group's store, so that all ranks can raise the same
-    :class:`CheckpointRestoreError`.
+    """What went wrong on one rank during a serialized restore, built on the rank that saw it and shipped to every
+    other rank through the process group's store, so that all ranks raise the same :class:`CheckpointRestoreError`.
     """
 
     global_rank: int
-    """The rank that failed."""
     node_rank: int | None
     local_rank: int | None
     stage: str
     kind: FailureKind
-    """What happened (:class:`FailureKind`; its text is accepted too)."""
     message: str
     traceback: str = ""
     reported_by: int | None = None
     """The rank that noticed the failure, when it is not the failing rank."""
     error_types: tuple[str, ...] = ()
-    """For ``kind="exception"``: the exception's class and its bases as ``"module:qualname"``, most derived first, so
-    that every rank can raise an error of the same type (:func:`restore_error`)."""
+    """For an exception: its class and bases as ``"module:qualname"``, most derived first (:func:`restore_error`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", FailureKind(self.kind))
 
     def describe(self) -> str:
-        """The failure as one item of :class:`CheckpointRestoreError`'s message: one line on where it was raised, not
-        its whole traceback, which the failing rank itself prints and :attr:`traceback` keeps."""
+        """One item of :class:`CheckpointRestoreError`'s message: one line on where it was raised, not the traceback
+        (which the failing rank prints and :attr:`traceback` keeps)."""
         where = f"rank {self.global_rank}" if self.global_rank >= 0 else "an unknown rank"
         if self.node_rank is not None and self.local_rank is not None:
             where += f" (node {self.node_rank}, local rank {self.local_rank})"
-        seen_by = ""
-        if self.reported_by is not None and self.reported_by != self.global_rank:
-            seen_by = f", reported by rank {self.reported_by}"
+        seen_by = f", reported by rank {self.reported_by}" if self.reported_by not in (None, self.global_rank) else ""
         text = f"{where}, stage {self.stage!r}{seen_by}: {self.message}"
         frames = [f for f in _FRAME.findall(self.traceback) if not f[0].endswith(_MACHINERY)][-_WHERE_FRAMES:]
         if frames:
@@ -98,11 +83,8 @@ class RankFailure:
 
     @classmethod
     def from_json(cls, text: str) -> RankFailure:
-        """Parse a record written by :meth:`to_json`; ``ValueError`` naming what is wrong for anything else.
-
-        Records come from the job's store, which any process that can reach it may write to: they are plain JSON,
-        checked field by field, never unpickled or evaluated.
-        """
+        """Parse a record written by :meth:`to_json`; ``ValueError`` naming what is wrong for anything else (any
+        process that can reach the job's store may write to it: plain JSON, checked field by field)."""
         try:
             data = json.loads(text)
         except ValueError as err:
@@ -127,12 +109,10 @@ _FIELDS.update(stage=str, kind=str, message=str, traceback=str, reported_by=_OPT
 class CheckpointRestoreError(Exception):
     """A serialized checkpoint restore failed on at least one rank of a multi-process job.
 
-    Every rank of the job raises one, with the same message: the failing rank(s), the checkpoint path, the stage and
-    each failing rank's message and where it was raised. What is raised is always a subclass made by
-    :func:`restore_error` that also derives from the type of the original exception (``FileNotFoundError``,
-    ``KeyError``, a user's own class, ...), so that ``except FileNotFoundError`` catches it on every rank as it catches
-    upstream's error; ``RuntimeError`` when no rank raised (a rank died, hung, or the store was lost). A single
-    process raises the original exception itself, unwrapped.
+    Every rank raises one, with the same message (the failing ranks, the checkpoint, the stage, each failure and where
+    it was raised), of a subclass that also derives from the original exception's type (``RuntimeError`` when no rank
+    raised), so that ``except FileNotFoundError`` catches it on every rank as it catches upstream's error. A single
+    process raises the original exception itself. ``docs/failures.md`` describes it.
     """
 
     def __init__(self, checkpoint_path: str, failures: list[RankFailure], observed_on: int) -> None:
@@ -160,7 +140,7 @@ class CheckpointRestoreError(Exception):
 
     @property
     def failed_ranks(self) -> list[int]:
-        """The ranks that failed, in increasing order, each once."""
+        """The ranks that failed, in increasing order."""
         return list(dict.fromkeys(f.global_rank for f in self.failures if f.global_rank >= 0))
 
     @property
@@ -172,24 +152,15 @@ class CheckpointRestoreError(Exception):
 def restore_error(
     checkpoint_path: str, failures: list[RankFailure], observed_on: int, own: BaseException | None = None
 ) -> CheckpointRestoreError:
-    """The error a rank raises once a serialized restore failed: a :class:`CheckpointRestoreError` that is also an
-    instance of every original exception type among ``failures`` (in rank order) that this process can name.
-
-    ``own`` is this rank's own exception, if it raised: its type is used as is (it may not be importable by name).
-    Types are looked up only among modules this process has already imported; nothing is imported or evaluated.
-    """
+    """The :class:`CheckpointRestoreError` a rank raises: also an instance of every original exception type among
+    ``failures`` (in rank order) that this process can name among the modules it has imported (nothing is imported
+    or evaluated); ``own``, this rank's own exception, gives its type as is."""
     merged = _merge(failures)
     bases: list[type[BaseException]] = []
-    for failure in merged:
-        if failure.kind != FailureKind.EXCEPTION:
-            continue
-        if own is not None and failure.global_rank == observed_on and failure.reported_by is None:
-            cls: type[BaseException] | None = type(own)
-        else:
-            cls = _resolve(failure.error_types)
-        if cls is None or not issubclass(cls, Exception) or issubclass(cls, CheckpointRestoreError):
-            continue
-        if cls not in bases:
+    for f in (f for f in merged if f.kind == FailureKind.EXCEPTION):
+        mine = own is not None and f.global_rank == observed_on and f.reported_by is None
+        cls = type(own) if mine else _resolve(f.error_types)
+        if cls and issubclass(cls, Exception) and not issubclass(cls, CheckpointRestoreError) and cls not in bases:
             bases.append(cls)
     return _rebuild(tuple(bases), checkpoint_path, merged, observed_on)
 
@@ -197,18 +168,13 @@ def restore_error(
 def _rebuild(
     bases: tuple[type[BaseException], ...], checkpoint_path: str, failures: list[RankFailure], observed_on: int
 ) -> CheckpointRestoreError:
-    return error_class(bases)(checkpoint_path, failures, observed_on)
-
-
-def error_class(bases: tuple[type[BaseException], ...]) -> type[CheckpointRestoreError]:
-    """The :class:`CheckpointRestoreError` subclass that also derives from ``bases`` (``RuntimeError`` if none), built
-    once per process. Bases that cannot be combined (incompatible layouts, classes closed to subclassing) are dropped
-    from the end until they can; the first one alone, then ``RuntimeError``, is the last resort."""
-    return _error_class(tuple(bases) or (RuntimeError,))
+    return _error_class(tuple(bases) or (RuntimeError,))(checkpoint_path, failures, observed_on)
 
 
 @functools.cache
 def _error_class(bases: tuple[type[BaseException], ...]) -> type[CheckpointRestoreError]:
+    """The subclass that also derives from ``bases``, built once per process; bases that cannot be combined
+    (incompatible layouts, classes closed to subclassing) are dropped from the end, ``RuntimeError`` last."""
     for candidate in [bases[:n] for n in range(len(bases), 0, -1)]:
         name = f"CheckpointRestoreError[{', '.join(b.__name__ for b in candidate)}]"
         with contextlib.suppress(TypeError):
@@ -216,27 +182,13 @@ def _error_class(bases: tuple[type[BaseException], ...]) -> type[CheckpointResto
     return _error_class((RuntimeError,))
 
 
-def _type_names(cls: type) -> tuple[str, ...]:
-    """``"module:qualname"`` of ``cls`` and its bases below ``Exception``, most derived first."""
-    return tuple(
-        f"{c.__module__}:{c.__qualname__}"
-        for c in cls.__mro__
-        if issubclass(c, BaseException) and c not in (BaseException, Exception)
-    )
-
-
 def _resolve(names: tuple[str, ...]) -> type[BaseException] | None:
     """The first of ``names`` that names an exception class in a module this process has already imported."""
     for name in names:
         module_name, _, qualname = name.partition(":")
-        module = sys.modules.get(module_name)
-        if module is None or not qualname or "<" in qualname:
-            continue
-        obj: Any = module
-        for part in qualname.split("."):
+        obj: Any = sys.modules.get(module_name)
+        for part in qualname.split(".") if obj is not None and "<" not in qualname else ():
             obj = getattr(obj, part, None)
-            if obj is None:
-                break
         if isinstance(obj, type) and issubclass(obj, Exception):
             return obj
     return None
@@ -253,7 +205,6 @@ def _merge(failures: list[RankFailure]) -> list[RankFailure]:
 
 
 def malformed_report(stage: str, record: str, problem: BaseException) -> RankFailure:
-    """The failure to report for a record in the store that is not one this package wrote."""
     shown = record if len(record) <= 200 else record[:200] + "..."
     message = (
         f"a failure record in the job's store could not be read ({problem}): {shown!r}. Another rank reported a"
@@ -296,24 +247,22 @@ def gone_failure(
             " ranks wait for a silent rank."
         )
     kind = FailureKind.UNRESPONSIVE if silent else FailureKind.DIED
-    observed_by = observer.global_rank
-    return RankFailure(who.global_rank, observer.node_rank, local, stage, kind, message, reported_by=observed_by)
+    return RankFailure(
+        who.global_rank, observer.node_rank, local, stage, kind, message, reported_by=observer.global_rank
+    )
 
 
 def failure_from_exception(rank: Any, stage: str, err: BaseException, checkpoint_path: str) -> RankFailure:
-    """The :class:`RankFailure` of an exception raised on this rank (``rank``: anything with ``global_rank``,
-    ``node_rank`` and ``local_rank``), its message led by what is wrong with the file when that can be told."""
+    """The record of an exception raised on this rank (``rank``: a placement), its message led by what is wrong with
+    the file when that can be told."""
     message = f"{type(err).__name__}: {err}"
     explanation = explain_failure(checkpoint_path, err)
     if explanation is not None:
         message = f"{explanation}\n  {message}"
-    return RankFailure(
-        rank.global_rank,
-        rank.node_rank,
-        rank.local_rank,
-        stage,
-        FailureKind.EXCEPTION,
-        message,
-        traceback="".join(traceback.format_exception(type(err), err, err.__traceback__)),
-        error_types=_type_names(type(err)),
-    )
+    where = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    types = tuple(f"{c.__module__}:{c.__qualname__}" for c in type(err).__mro__ if c not in _BASES)
+    at = (rank.global_rank, rank.node_rank, rank.local_rank, stage)
+    return RankFailure(*at, FailureKind.EXCEPTION, message, where, error_types=types)
+
+
+_BASES = (BaseException, Exception, object)

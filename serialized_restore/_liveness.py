@@ -1,11 +1,9 @@
 """Liveness: while a rank takes part in a stage, its :class:`Watch` keeps it visible and ends every wait in its bound.
 
 One watch per rank and stage, on the rank's side connection: **heartbeat**; **peer watch** (a process of its node gone
-from this machine, or a heartbeat silent for the heartbeat timeout, is posted); **turn timeout** (it re-checks what the
-main thread waits for, repairs a lost wake-up or close, and posts a timeout when nothing moved for the turn timeout).
-It also sets the failure exchange's waits free at their bound, and while the main thread is inside its turn publishes
-where it is (for the timeout message) and keeps the stage's failure reports (to name a failure after losing the store).
-A :class:`WatchHost` runs the watches (by default each on a thread of its own, :class:`OwnThread`).
+from this machine, or silent for the heartbeat timeout, is posted); **turn timeout** (it re-checks what the main
+thread waits for, repairs a lost wake-up or close, posts a timeout when nothing moved for the turn timeout, and sets
+the failure exchange's waits free at their bound). A :class:`WatchHost` runs the watches.
 """
 
 from __future__ import annotations
@@ -20,9 +18,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from serialized_restore._diagnosis import Where, diagnose_stall
+from serialized_restore._diagnosis import diagnose_stall, where
 from serialized_restore._errors import RankFailure, gone_failure
 from serialized_restore._order import NodeLog
 from serialized_restore._store import StageStore, heartbeat_key, identity_key
@@ -30,17 +28,15 @@ from serialized_restore._store import StageStore, heartbeat_key, identity_key
 log = logging.getLogger(__name__)
 
 _TICK = 0.5
-_RECHECK = 1.0
-_BEAT_MAX = 15.0
 
 
 def beat_interval(heartbeat_timeout: float) -> float:
     """Seconds between two heartbeats: four per timeout, so that a short timeout never fires on a live rank."""
-    return max(0.05, min(heartbeat_timeout / 4, _BEAT_MAX))
+    return max(0.05, min(heartbeat_timeout / 4, 15.0))
 
 
 def recheck_interval(turn_timeout: float) -> float:
-    return max(0.05, min(_RECHECK, turn_timeout / 10))
+    return max(0.05, min(1.0, turn_timeout / 10))
 
 
 def process_alive(pid: int) -> bool:
@@ -52,17 +48,17 @@ def process_alive(pid: int) -> bool:
         return False
     except OSError:
         return True  # cannot tell: the heartbeat decides
-    # "pid (comm) state ...": comm may contain spaces and parentheses
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+    state = stat[stat.rfind(b")") + 2 :][:1]  # "pid (comm) state ...": comm may contain spaces and parentheses
+    return state not in (b"Z", b"X")
 
 
 class Identity(NamedTuple):
-    """Who a rank's process is, so that ranks on the same machine can tell whether it still exists; stored as JSON."""
+    """Who a rank's process is, so that ranks on the same machine can tell whether it still exists. ``machine`` (host,
+    boot id, pid namespace) is equal only for processes that see the same pids; empty off Linux."""
 
     global_rank: int
     pid: int
     machine: str
-    """Host, boot id and pid namespace: equal only for processes that see the same pids; empty off Linux."""
 
     @classmethod
     def of_this_process(cls, global_rank: int) -> Identity:
@@ -80,7 +76,7 @@ class Identity(NamedTuple):
 
 
 class PeerWatch:
-    """(one rank, one schedule) What it knows of the other local ranks of its node; no store access of its own."""
+    """(one rank, one schedule) What it knows of the other local ranks of its node; no store access."""
 
     def __init__(self, global_rank: int, local_rank: int, local_world_size: int, heartbeat_timeout: float) -> None:
         self._local, self._lws, self._timeout = local_rank, local_world_size, heartbeat_timeout
@@ -89,17 +85,15 @@ class PeerWatch:
         self._beats: dict[int, tuple[int, float]] = {}
 
     def missing(self) -> list[int]:
-        """Peers that have not published who they are yet."""
         return [r for r in range(self._lws) if r != self._local and r not in self.identities]
 
     def new_stage(self) -> None:
         """Forget heartbeat observations: between stages nobody beats."""
         self._beats.clear()
 
-    def exited(self, alive: Callable[[int], bool] = process_alive) -> list[int]:
-        """Peers on this machine whose process is gone."""
+    def exited(self) -> list[int]:
         here = self._me.machine
-        return sorted(r for r, i in self.identities.items() if here and i.machine == here and not alive(i.pid))
+        return sorted(r for r, i in self.identities.items() if here and i.machine == here and not process_alive(i.pid))
 
     def observe(self, beats: dict[int, int], now: float) -> list[tuple[int, float]]:
         """Record heartbeat counters read at ``now``; the peers silent for longer than the timeout, and for how long.
@@ -115,27 +109,28 @@ class PeerWatch:
 
 
 class WaitKind(Enum):
-    TURN = "turn"  # for the predecessor's end
-    END = "end"  # for every rank to end the stage
-    RELEASE = "release"  # a wait of the failure exchange, set free at a deadline
+    """Where the main thread is: what the watch does for it."""
+
+    TURN = "turn"  # waits for the predecessor's end
+    BODY = "body"  # inside its turn
+    END = "end"  # waits for every rank to end the stage
+    RELEASE = "release"  # in a wait of the failure exchange, set free at a deadline
 
 
 @dataclass
 class _Wait:
     kind: WaitKind
     key: str
-    due: float
-    """The next re-check; for ``RELEASE``, when the key is set."""
+    due: float  # the next re-check; for RELEASE, when the key is set
     predecessor: int | None = None
     last_progress: int | None = None
     last_change: float = 0.0
-    done: bool = False
-    """Timed out: diagnosed once."""
+    done: bool = False  # timed out: diagnosed once
 
 
 class WatchHost(Protocol):
-    """Runs watches: calls ``watch.step(now)`` every ``watch.tick`` seconds from ``start`` until ``stop`` or until a
-    step returns ``False``; ``runs`` says whether it still does; ``process_alive`` looks a pid up."""
+    """Runs watches (the seam the coordination benchmark uses): calls ``watch.step(now)`` every ``watch.tick``
+    seconds from ``start`` until ``stop`` or a step returns ``False``; ``runs`` says whether it still does."""
 
     def start(self, watch: Watch) -> None: ...
 
@@ -143,11 +138,9 @@ class WatchHost(Protocol):
 
     def runs(self, watch: Watch) -> bool: ...
 
-    def process_alive(self, pid: int) -> bool: ...
-
 
 class OwnThread:
-    """The default :class:`WatchHost`: each watch on a daemon thread of its own (one per rank in a job)."""
+    """The default :class:`WatchHost`: each watch on a daemon thread of its own."""
 
     def __init__(self) -> None:
         self._threads: dict[Watch, tuple[threading.Thread, threading.Event]] = {}
@@ -174,22 +167,19 @@ class OwnThread:
         entry = self._threads.get(watch)
         return entry is not None and entry[0].is_alive()
 
-    def process_alive(self, pid: int) -> bool:
-        return process_alive(pid)
-
 
 class Watch:
-    """(one rank, one stage) The rank's watch: see the module docstring. The main thread tells it where it is."""
+    """(one rank, one stage) The rank's watch: see the module docstring. The main thread tells it where it is; while
+    it is inside its turn, the watch publishes where (``_diagnosis.where``) and keeps the stage's failure reports, to
+    name a failure after losing the store."""
 
     def __init__(self, schedule: Any, store: StageStore) -> None:
-        """``schedule``: the rank's ``_turns.TurnSchedule`` (placement, peers, timeouts, host)."""
         self._s, self._store, self._p = schedule, store, schedule.placement
         beat_every, self._recheck = beat_interval(schedule.heartbeat_timeout), recheck_interval(schedule.turn_timeout)
         self.tick = min(_TICK, beat_every, self._recheck)
         self._beat_every = beat_every
-        # shared with the main thread, each written whole by one thread (no lock needed): where the main thread is,
-        # and the stage's failure reports as this rank last read them (None: not read)
-        self._in_turn = False
+        # shared with the main thread, each written whole by one thread: where the main thread is, and the stage's
+        # failure reports as this rank last read them (None: not read)
         self._wait: _Wait | None = None
         self.reports: list[RankFailure] | None = None
         self._reported: set[int] = set()
@@ -197,11 +187,9 @@ class Watch:
         now = time.monotonic()
         # the first look one beat in: a short stage costs no heartbeat at all
         self._next_beat = self._next_read = now + beat_every
-        self._next_identity = self._next_in_turn = now
+        self._next_identity = now
         self._main = threading.get_ident()
         schedule.peers.new_stage()
-
-    # ------------------------------------------------------------ main thread
 
     @property
     def alive(self) -> bool:
@@ -209,20 +197,10 @@ class Watch:
         return self._s.host.runs(self)
 
     @contextlib.contextmanager
-    def in_turn(self) -> Iterator[None]:
-        # where the body is must be known well before any rank can time it out
-        self._next_in_turn = time.monotonic() + self._recheck
-        self._in_turn = True
-        try:
-            yield
-        finally:
-            self._in_turn = False
-
-    @contextlib.contextmanager
-    def waiting(self, kind: WaitKind, key: str, predecessor: int | None = None, *, release_after: float = 0.0
+    def waiting(self, kind: WaitKind, key: str = "", predecessor: int | None = None, *, release_after: float = 0.0
                 ) -> Iterator[None]:  # fmt: skip
-        """While the main thread blocks on ``key``: re-check it and time it out, or (``RELEASE``) set it after
-        ``release_after`` seconds."""
+        """(main thread) While it is inside its turn (``BODY``) or blocks on ``key``: re-check, time it out, or
+        (``RELEASE``) set it after ``release_after`` seconds."""
         now = time.monotonic()
         due = now + (release_after if kind is WaitKind.RELEASE else self._recheck)
         self._wait = _Wait(kind, key, due, predecessor, last_change=now)
@@ -231,33 +209,20 @@ class Watch:
         finally:
             self._wait = None
 
-    # ----------------------------------------------------------- watch thread
-
     def step(self, now: float) -> bool:
         """One step; ``False`` once it must not run again."""
         try:
-            self._step(now)
+            if now >= self._next_beat:
+                self._store.side.add(heartbeat_key(self._p.node_rank, self._p.local_rank), 1)
+                self._next_beat = now + self._beat_every
+            self._watch_peers(now)
+            wait = self._wait
+            if wait is not None and now >= wait.due:
+                self._check_wait(now, wait)
         except Exception:  # a lost store, which the main thread finds out on its next operation, or a bug here
             log.debug("serialized restore: a watch stopped", exc_info=True)
             return False
         return True
-
-    def _step(self, now: float) -> None:
-        p, view, keys = self._p, self._store.side, self._store.keys
-        if now >= self._next_beat:
-            view.add(heartbeat_key(p.node_rank, p.local_rank), 1)
-            self._next_beat = now + self._beat_every
-        self._watch_peers(now)
-        in_turn, wait, copied = self._in_turn, self._wait, self.reports is not None
-        if in_turn and now >= self._next_in_turn:
-            self._next_in_turn = now + self._recheck
-            where = Where.of_thread(self._main)
-            if where is not None:
-                view.set(keys.where(p.node_rank, p.local_rank), where.to_json())
-            if not copied and view.get_if_set(keys.closed) == "failed":
-                self.reports = self._store.reports(view)
-        if wait is not None and now >= wait.due:
-            self._check_wait(now, wait)
 
     def _watch_peers(self, now: float) -> None:
         p, view, peers = self._p, self._store.side, self._s.peers
@@ -268,7 +233,7 @@ class Watch:
             # everyone has arrived (the usual case): two operations, whatever the node's size
             values = view.multi_get(keys) if view.check(keys) else [view.get_if_set(key) for key in keys]
             peers.identities.update({lr: Identity.from_json(v) for lr, v in zip(missing, values) if v is not None})
-        gone = dict.fromkeys(peers.exited(self._s.host.process_alive), 0.0)
+        gone = dict.fromkeys(peers.exited(), 0.0)
         if now >= self._next_read and peers.identities:
             self._next_read = now + self._beat_every
             locals_ = sorted(peers.identities)
@@ -304,6 +269,13 @@ class Watch:
             view.set(wait.key, "deadline")
             return
         wait.due = now + self._recheck
+        if wait.kind is WaitKind.BODY:
+            text = where(self._main)
+            if text is not None:
+                view.set(keys.where(p.node_rank, p.local_rank), text)
+            if self.reports is None and view.get_if_set(keys.closed) == "failed":
+                self.reports = self._store.reports(view)
+            return
         node_log: NodeLog | None = None
         if wait.kind is WaitKind.TURN:
             node_log = self._node_log()

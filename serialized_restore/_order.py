@@ -24,15 +24,13 @@ class TurnOrder:
 
 @dataclass
 class NodeLog:
-    """A node's turn events of one stage, as appended to its ``log`` key: ``start <local> <unix time>`` and
-    ``end <local> <duration> [<mapped> <read eagerly> <copied> <private memory> <added by the turn>]`` lines (bytes).
-    Lines that are not ours are ignored."""
+    """A node's turn events of one stage, as appended to its ``log`` key: ``start <local> <unix time>`` and ``end
+    <local> <duration> [<mapped> <read eagerly> <copied> <private memory> <added by the turn>]`` lines (bytes); lines
+    that are not ours are ignored."""
 
     started: dict[int, float] = field(default_factory=dict)
     durations: dict[int, float] = field(default_factory=dict)
     ends: dict[int, tuple[int, int, int, int, int]] = field(default_factory=dict)
-    """What each local rank's turn did: bytes of the file mapped, read eagerly, copied out of the mapping; the
-    process's private memory at the end of the turn and how much of it the turn added."""
     events: int = 0
 
     @staticmethod
@@ -47,19 +45,16 @@ class NodeLog:
     @classmethod
     def parse(cls, text: str | None) -> NodeLog:
         log = cls()
-        for line in (text or "").splitlines():
-            parts = line.split()
-            kind = parts[0] if parts else ""
-            if not ((kind == "start" and len(parts) == 3) or (kind == "end" and len(parts) in (3, 8))):
+        for parts in (line.split() for line in (text or "").splitlines()):
+            if not parts or (parts[0], len(parts)) not in (("start", 3), ("end", 3), ("end", 8)):
                 continue
             try:
-                local, value = int(parts[1]), float(parts[2])
-                extra = tuple(int(x) for x in parts[3:])
+                local, value, extra = int(parts[1]), float(parts[2]), tuple(int(x) for x in parts[3:])
             except ValueError:
                 continue
             log.events += 1
-            (log.started if kind == "start" else log.durations)[local] = value
-            if len(extra) == 5:
+            (log.started if parts[0] == "start" else log.durations)[local] = value
+            if extra:
                 log.ends[local] = extra  # type: ignore[assignment]
         return log
 

@@ -1,8 +1,7 @@
-"""The schedule's store: its connections, its key names, and the failure records a stage's ranks post and read.
+"""The schedule's store: its two connections, its key names, and the failure records a stage's ranks post and read.
 
-A rank's main thread blocks in ``get`` on the *main* connection, a ``clone()`` of the job's store (a blocking operation
-holds its connection); its watch thread makes short operations on the *side* one, the job's store itself. Every error
-from the store becomes :class:`StoreLost`; the main connection's backstop timeout :class:`StoreTimeout`.
+A rank's main thread blocks in ``get`` on the *main* connection, a ``clone()`` of the job's store (a blocking
+operation holds its connection); its watch makes short operations on the *side* one, the job's store itself.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ class StoreTimeout(StoreLost):
 
 
 class StoreView:
-    """One connection to a schedule's namespace in the store; every failure raises :class:`StoreLost`."""
+    """One connection to a schedule's namespace in the store; every error of the store raises :class:`StoreLost`."""
 
     def __init__(self, store: Any) -> None:
         self.raw = store
@@ -42,29 +41,27 @@ class StoreView:
         return int(self._call("add", key, amount))
 
     def check(self, keys: list[str]) -> bool:
-        """Whether every one of ``keys`` is set."""
         return bool(self._call("check", keys))
 
     def set(self, key: str, value: str) -> None:
         self._call("set", key, value)
 
     def get(self, key: str) -> str:
-        """The value of ``key``; blocks until it is set (up to the connection's backstop timeout)."""
+        """Blocks until ``key`` is set (up to the connection's backstop timeout)."""
         return _text(self._call("get", key))
 
     def get_if_set(self, key: str) -> str | None:
-        """The value of ``key``, or ``None`` if it is not set; never blocks."""
         return self.get(key) if self.check([key]) else None
 
     def compare_set(self, key: str, expected: str, desired: str) -> str:
-        """Set ``key`` to ``desired`` if its value is ``expected`` (``""``: unset); the value it has afterwards."""
+        """Set ``key`` to ``desired`` if its value is ``expected`` (``""``: unset); its value afterwards."""
         return _text(self._call("compare_set", key, expected, desired))
 
     def multi_set(self, keys: list[str], values: list[str]) -> None:
         self._call("multi_set", keys, values)
 
     def multi_get(self, keys: list[str]) -> list[str]:
-        """Values of keys known to be set (a missing key blocks); ``keys`` is never empty here."""
+        """Values of keys known to be set (a missing key blocks)."""
         return [_text(v) for v in self._call("multi_get", keys)]
 
     def append(self, key: str, value: str) -> None:
@@ -75,40 +72,28 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+_CLONES: dict[int, tuple[Any, Any]] = {}
+_CLONES_LOCK = threading.Lock()
+
+
 def open_namespace(job_store: Any, global_rank: int, backstop: float) -> tuple[StoreView, StoreView]:
     """(all ranks, once per schedule) This schedule's own key namespace: ``(main, side)`` connections.
 
-    Every rank counts its own schedules, so the n-th schedule of each rank meets the n-th schedule of every other rank
-    even when several Trainers share one process group.
+    Every rank counts its own schedules, so the n-th schedule of each rank meets the n-th of every other rank even
+    when several Trainers share one process group. The clone is opened once per process and job store: a new
+    connection costs a round of the store server's accept, which may resolve the peer's name (seconds).
     """
     try:
         generation = job_store.add(f"serialized_restore/generation/{global_rank}", 1)
-    except Exception as err:
+        with _CLONES_LOCK:
+            cached = _CLONES.get(id(job_store))
+            if cached is None or cached[0] is not job_store:  # the store itself is kept: its id is not reused
+                cached = _CLONES[id(job_store)] = (job_store, job_store.clone())
+        cached[1].set_timeout(datetime.timedelta(seconds=backstop))
+    except Exception as err:  # every store a process group is built on clones: an error here is a lost store
         raise StoreLost(str(err)) from err
     prefix = f"serialized_restore/{generation}/"
-    try:
-        connection = _second_connection(job_store)
-        connection.set_timeout(datetime.timedelta(seconds=backstop))
-    except Exception as err:  # every store a process group is built on clones; an error here is a lost store
-        raise StoreLost(str(err)) from err
-    return StoreView(dist.PrefixStore(prefix, connection)), StoreView(dist.PrefixStore(prefix, job_store))
-
-
-_CONNECTIONS: dict[int, tuple[Any, Any]] = {}
-"""Per job store (by identity; the store itself is kept, so that its ``id`` is not reused): its clone."""
-_CONNECTIONS_LOCK = threading.Lock()
-
-
-def _second_connection(job_store: Any) -> Any:
-    """The clone of the job's store, opened once per process and store: a new connection costs a round of the store
-    server's accept (which may resolve the peer's name), and a process's schedules follow one another."""
-    with _CONNECTIONS_LOCK:
-        cached = _CONNECTIONS.get(id(job_store))
-        if cached is not None and cached[0] is job_store:
-            return cached[1]
-        connection = job_store.clone()
-        _CONNECTIONS[id(job_store)] = (job_store, connection)
-        return connection
+    return StoreView(dist.PrefixStore(prefix, cached[1])), StoreView(dist.PrefixStore(prefix, job_store))
 
 
 def identity_key(node: int, local: int) -> str:
@@ -121,27 +106,27 @@ def heartbeat_key(node: int, local: int) -> str:
 
 
 class StageKeys:
-    """Keys of one stage of one schedule.
-
-    ``closed`` decides the stage's fate once: ``"ended"`` (set by the rank whose turn end completes ``finished``) or
-    ``"failed"`` (set by the first rank to post a failure), whichever comes first (``compare_set``).
-    """
+    """Keys of one stage of one schedule. ``closed`` decides the stage's fate once (``compare_set``): ``"ended"``
+    by the rank whose end completes ``finished``, or ``"failed"`` by the first rank to post a failure."""
 
     def __init__(self, stage: str) -> None:
         self.stage = stage
         self._p = p = stage.replace(" ", "_") + "/"
-        self.reports, self.failures, self.closed = p + "reports", p + "failures", p + "closed"
-        self.finished, self.acked, self.reads = p + "finished", p + "acked", p + "reads"
-        self.all_acked, self.all_read = p + "all_acked", p + "all_read"
-        self.coordinator, self.diagnosis = p + "coordinator", p + "diagnosis"
+        self.reports, self.closed, self.finished = p + "reports", p + "closed", p + "finished"
+        self.acked, self.all_acked, self.diagnosis = p + "acked", p + "all_acked", p + "diagnosis"
+        self.reads, self.all_read = p + "reads", p + "all_read"
 
     def wake(self, node: int, local: int) -> str:
         """Set by the rank's predecessor when its turn ends, and by a rank posting a failure."""
         return f"{self._p}wake/{node}/{local}"
 
     def log(self, node: int) -> str:
-        """The node's turn starts and ends, appended as lines (``_order.NodeLog``)."""
+        """The node's turn starts and ends (``_order.NodeLog``)."""
         return f"{self._p}log/{node}"
+
+    def gone(self, global_rank: int) -> str:
+        """Counts the reports of a rank that takes no further part: the first acknowledges on its behalf."""
+        return f"{self._p}gone/{global_rank}"
 
     def where(self, node: int, local: int) -> str:
         return f"{self._p}where/{node}/{local}"
@@ -152,27 +137,43 @@ class StageKeys:
 
 @dataclass(frozen=True)
 class StageStore:
-    """One stage of one rank in the store: its keys, the rank's two connections and every rank's wake-up key. The
-    turn (main thread, ``main``) and the watch (its own thread, ``side``) share it."""
+    """One stage of one rank in the store, shared by the turn (main thread, ``main``) and the watch (``side``)."""
 
     keys: StageKeys
     main: StoreView
     side: StoreView
     wake_keys: list[str]
+    """Every rank's wake-up key."""
 
     def post(self, failures: list[RankFailure], view: StoreView) -> None:
-        """(any rank, any thread) Post ``failures`` and close the stage as failed, unless every rank had ended it
-        before (the failures then change nothing)."""
+        """(any rank, any thread) Post ``failures`` and close the stage as failed, unless it had ended before; a rank
+        that takes no further part (dead, silent, stuck in its turn) is acknowledged on its behalf, once."""
         keys = self.keys
         view.append(keys.reports, "".join(f.to_json() + "\n" for f in failures))
-        view.add(keys.failures, 1)
         if view.compare_set(keys.closed, "", "failed") != "ended":
             # every poster wakes everyone: a poster that died between its close and this line would leave waiters
             view.multi_set(self.wake_keys, ["failed"] * len(self.wake_keys))
+        gone = sum(1 for f in failures if f.kind.gone and view.add(keys.gone(f.global_rank), 1) == 1)
+        if gone:
+            view.add(keys.reads, gone)  # first: every count of ``acked`` a reader sees has its reads counted
+            self.acknowledge(view, gone)
+
+    def acknowledge(self, view: StoreView, count: int = 1) -> None:
+        """``count`` more ranks know that the stage failed; the one that completes the job's count says so."""
+        if view.add(self.keys.acked, count) >= len(self.wake_keys):
+            view.set(self.keys.all_acked, "1")
+
+    def read(self, view: StoreView) -> list[RankFailure]:
+        """(a rank that acknowledged) The reports, read once; the last of the ranks that acknowledged to read them
+        says so."""
+        failures = self.reports(view)
+        if view.add(self.keys.reads, 1) >= view.add(self.keys.acked, 0):
+            view.set(self.keys.all_read, "1")
+        return failures
 
     def reports(self, view: StoreView) -> list[RankFailure]:
-        """The stage's failure records, each checked field by field; a record that is not one of ours becomes a
-        failure that says so (any process that can reach the store can write to it)."""
+        """The stage's failure records; a line that is not one of ours (any process that can reach the store can
+        write to it) becomes a failure that says so."""
         failures = []
         for line in (view.get_if_set(self.keys.reports) or "").splitlines():
             if line.strip():

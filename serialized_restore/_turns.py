@@ -1,8 +1,8 @@
 """The turn schedule: which local rank of a node restores when, and how a failure reaches every rank.
 
 It coordinates through the default process group's key-value store, never through collectives. Per stage, a rank's
-main thread (here) and its watch (``_liveness.Watch``) share one ``_store.StageStore``; a failed stage ends through
-``_exchange.Exchange``. ``docs/design.md`` describes the protocol and its store load.
+main thread (here) and its watch (``_liveness.Watch``) share one ``_store.StageStore``. ``docs/design.md`` describes
+the protocol and its store load.
 """
 
 from __future__ import annotations
@@ -12,15 +12,20 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
 
 import torch.distributed as dist
 
-from serialized_restore._errors import failure_from_exception, restore_error, store_lost_failure
-from serialized_restore._exchange import Exchange
+from serialized_restore._errors import (
+    CheckpointRestoreError,
+    RankFailure,
+    failure_from_exception,
+    restore_error,
+    store_lost_failure,
+)
 from serialized_restore._liveness import Identity, OwnThread, PeerWatch, WaitKind, Watch, WatchHost
 from serialized_restore._memory import format_bytes, private_memory
 from serialized_restore._order import NodeLog, TurnOrder
@@ -37,14 +42,14 @@ from serialized_restore._store import (
 
 log = logging.getLogger(__name__)
 
-_BACKSTOP = 3600.0
-"""The main connection's timeout: a wait is re-issued after it (with one c10d warning) while the watch lives."""
-_SIGNAL_CHECK = 1.0
-"""How often the main thread wakes from a wait to let Python run signal handlers (no store traffic)."""
+_BACKSTOP = 3600.0  # the main connection's timeout: a wait is issued again after it while the watch lives
+_SIGNAL_CHECK = 1.0  # how often a waiting main thread wakes to let Python run signal handlers (no store traffic)
+_GATHER_GRACE = 1.0  # how long a failed stage waits for every rank to acknowledge (one inside its turn does at its end)
+_LINGER = 2.0  # how long it waits for every rank that acknowledged to read the reports (rank 0 hosts the store)
 
 
 class Outcome(str, Enum):
-    """How a wait ends: the value its key was set to."""
+    """How a wait ends: the value its key was set to; any other value (another client of the store) is a failure."""
 
     GO = "go"  # the predecessor ended its turn (or there is none)
     ENDED = "ended"  # every rank ended the stage
@@ -52,8 +57,6 @@ class Outcome(str, Enum):
 
     @classmethod
     def of(cls, value: str) -> Outcome:
-        """The outcome a key's value means; anything but ours (another client of the store wrote it) ends the stage as
-        failed, so that the failure exchange names what is wrong."""
         return cls._value2member_map_.get(value, cls.FAILED)  # type: ignore[return-value]
 
 
@@ -70,40 +73,32 @@ class RankPlacement:
 
 @dataclass
 class TurnRecord:
-    """What one rank's turn did; the body of a turn fills in ``bytes_read``, ``bytes_copied`` and ``reader``."""
+    """What one rank's turn did; its body fills in the bytes of the file read (or mapped) and copied out of the
+    mapping, and the ``reader`` (``"mmap"`` or ``"eager"``)."""
 
     stage: str
     waited: float = 0.0
     duration: float = 0.0
     bytes_read: int = 0
-    """Bytes of the file read (or mapped) in the turn."""
     bytes_copied: int = 0
-    """Bytes copied out of the memory-mapped file into private memory in the turn."""
     reader: str = ""
-    """``"mmap"`` or ``"eager"`` when the turn read the file."""
 
     def describe(self) -> str:
-        """What the turn moved, in words: ``read 1.4 GiB memory-mapped``, ``copied 16.1 MiB out of the mapped file``."""
-        done = []
-        if self.bytes_read or self.reader:
-            how = {"mmap": " memory-mapped", "eager": " eagerly"}.get(self.reader, "")
-            done.append(f"read {format_bytes(self.bytes_read)}{how}")
-        if self.bytes_copied:
-            done.append(f"copied {format_bytes(self.bytes_copied)} out of the mapped file")
+        """In words: ``read 1.4 GiB memory-mapped``, ``copied 16.1 MiB out of the mapped file``."""
+        how = {"mmap": " memory-mapped", "eager": " eagerly"}.get(self.reader, "")
+        done = [f"read {format_bytes(self.bytes_read)}{how}"] if self.bytes_read or self.reader else []
+        done += [f"copied {format_bytes(self.bytes_copied)} out of the mapped file"] if self.bytes_copied else []
         return ", ".join(done) or "read nothing"
 
 
 class TurnSchedule:
-    """Runs one stage of a restore in turns across the local ranks of each node.
+    """Runs the stages of a restore in turns across the local ranks of each node.
 
-    Every rank of the job calls :meth:`turn` once per stage, in the same order of stages. Per node, local rank ``r``
-    starts its turn when local rank ``r - k`` has ended its own (``k = max_concurrent``), so at most ``k`` local
-    ranks of a node are inside a turn at once and nodes proceed independently. After its turn a rank waits until
-    every rank of the job has ended the stage, so the next stage (which may run collectives, like DDP's parameter
-    broadcast in ``strategy.setup``) starts with everyone present.
-
-    With ``store=None`` (a single process) the body simply runs, and an exception in it propagates unchanged.
-    ``host`` runs the rank's watch (default: a thread of its own per stage, ``_liveness.OwnThread``).
+    Every rank of the job calls :meth:`turn` once per stage, in the same order. Per node, local rank ``r`` starts its
+    turn when local rank ``r - k`` has ended its own (``k = max_concurrent``), and nodes proceed independently; after
+    its turn a rank waits until every rank of the job has ended the stage, so that the next stage (which may run
+    collectives) starts with everyone present. With ``store=None`` (a single process) the body simply runs. ``host``
+    runs the rank's watch (default: a thread of its own per stage).
     """
 
     def __init__(
@@ -131,23 +126,16 @@ class TurnSchedule:
 
     @contextlib.contextmanager
     def turn(self, stage: str, *, ordered: bool = True, logged: bool | None = None) -> Iterator[TurnRecord]:
-        """Run the body of the ``with`` block as this rank's turn of ``stage``.
-
-        (all ranks) wait for the predecessor on the node -> run the body -> announce the end -> wait for every rank
-        of the job to end the stage. Raises :class:`CheckpointRestoreError` on every rank if any rank fails, times
-        out or stops responding. On the rank whose body raised, the error's traceback runs down to where the body
-        raised, and the body's exception is its ``__context__``. With ``ordered=False`` every rank's turn starts at
-        once: a stage that allocates nothing transient, or an exchange of one rank's result. ``logged`` (default:
-        ``ordered``) says whether each rank logs its turn's start and end and local rank 0 the node's summary.
-        """
+        """Run the body of the ``with`` block as this rank's turn of ``stage``; :class:`CheckpointRestoreError` on
+        every rank if any rank fails, times out or stops responding. ``ordered=False``: every turn at once.
+        ``logged`` (default: ``ordered``): each rank logs its turn, and local rank 0 the node's summary."""
         p, record = self.placement, TurnRecord(stage=stage)
         logged = ordered if logged is None else logged
         if self._job_store is None:
             if logged:
                 self.log.info(f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started")
             start = time.monotonic()
-            # nothing to coordinate: an exception in the body is raised as it is, exactly as upstream raises it
-            yield record
+            yield record  # nothing to coordinate: an exception is raised as it is, exactly as upstream raises it
             record.duration = time.monotonic() - start
             if logged:
                 self._log_turn_end(record)
@@ -158,59 +146,50 @@ class TurnSchedule:
             failure = store_lost_failure(stage, p.global_rank, err)
             raise restore_error(self.checkpoint_path, [failure], p.global_rank) from None
         watch = Watch(self, store)
-        exchange = Exchange(self, store, watch)
-        keys, main = store.keys, store.main
         self.host.start(watch)
         try:
-            try:
-                waited_from = time.monotonic()
-                if self._wait_for_turn(store, watch, ordered) is not Outcome.GO:
-                    raise exchange.abort([])
-                record.waited = time.monotonic() - waited_from
-                main.append(keys.log(p.node_rank), NodeLog.start_line(p.local_rank, time.time()))
-                if logged:
-                    waited = f"after waiting {record.waited:.2f}s" if ordered else "with the node's other ranks at once"
-                    self.log.info(f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started {waited}")
-            except StoreLost as err:
-                raise exchange.store_lost(err) from None
+            waited_from = time.monotonic()
+            if self._wait_for_turn(store, watch, ordered) is not Outcome.GO:
+                raise self._abort(store, watch, [])
+            record.waited = time.monotonic() - waited_from
+            store.main.append(store.keys.log(p.node_rank), NodeLog.start_line(p.local_rank, time.time()))
+            if logged:
+                waited = f"after waiting {record.waited:.2f}s" if ordered else "with the node's other ranks at once"
+                self.log.info(f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started {waited}")
             started, memory_before = time.monotonic(), private_memory()
             try:
-                with watch.in_turn():
+                with watch.waiting(WaitKind.BODY):
                     yield record
             except (KeyboardInterrupt, SystemExit) as err:
-                with contextlib.suppress(StoreLost):
-                    exchange.acknowledge([failure_from_exception(p, stage, err, self.checkpoint_path)])
+                with contextlib.suppress(StoreLost):  # tell the others, without waiting for them
+                    store.post([failure_from_exception(p, stage, err, self.checkpoint_path)], store.main)
+                    store.main.add(store.keys.reads, 1)  # it reads nothing: nobody waits for that
+                    store.acknowledge(store.main)
                 raise
             except BaseException as err:
-                error = exchange.abort([failure_from_exception(p, stage, err, self.checkpoint_path)], err)
+                error = self._abort(store, watch, [failure_from_exception(p, stage, err, self.checkpoint_path)], err)
                 # one traceback, down to where the body raised; the body's exception stays the error's __context__
                 raise error.with_traceback(err.__traceback__) from None
             record.duration = time.monotonic() - started
-            try:
-                # logged before the turn is announced as ended, so that log timestamps of consecutive turns on a
-                # node never overlap
-                if logged:
-                    self._log_turn_end(record)
-                if self._end_turn(store, watch, record, ordered, memory_before) is not Outcome.ENDED:
-                    raise exchange.abort([])
-                if logged and p.local_rank == 0:
-                    self._log_node_summary(main, keys, ordered)
-            except StoreLost as err:
-                raise exchange.store_lost(err) from None
+            # logged before the turn is announced as ended: log timestamps of consecutive turns never overlap
+            if logged:
+                self._log_turn_end(record)
+            if self._end_turn(store, watch, record, ordered, memory_before) is not Outcome.ENDED:
+                raise self._abort(store, watch, [])
+            if logged and p.local_rank == 0:
+                self._log_node_summary(store, ordered)
+        except StoreLost as err:  # the store's own operations above; the body's exceptions never get here
+            raise self._store_lost(store, watch, err) from None
         finally:
             self.host.stop(watch)
 
     def on_one_rank(
         self, stage: str, compute: Callable[[], str | None], *, central: bool, per_node: bool = False
     ) -> str | None:
-        """(all ranks) Run ``compute()`` on one rank and share its result, or its failure, with the others.
-
-        ``central`` is true on exactly one rank of the job (of each node with ``per_node``). Every rank takes its
-        turn of ``stage`` at once; the central rank runs ``compute()`` in its turn, and every rank waits for the whole
-        job to end the stage. Every rank then returns the central rank's result (plain text, read back from the store,
-        never evaluated; ``None`` if it returned ``None``). If the central rank raises, dies or hangs, every rank
-        raises the same :class:`CheckpointRestoreError` within the bounds of a turn; a single process raises the
-        original exception unchanged. ``"auto"``'s per-node decision and FSDP's rank-0 step use it.
+        """(all ranks) Run ``compute()`` on the ``central`` rank, one per job (per node with ``per_node``), in its
+        turn of ``stage`` (every rank's turn at once), and return its result on every rank: plain text read back from
+        the store, never evaluated. If it raises, dies or hangs, every rank raises the same
+        :class:`CheckpointRestoreError` within the bounds of a turn; a single process raises the original exception.
         """
         key = StageKeys(stage).decision(self.placement.node_rank if per_node else -1)
         value: str | None = None
@@ -224,8 +203,7 @@ class TurnSchedule:
         return value
 
     def decide_per_node(self, stage: str, decide: Callable[[], str]) -> str:
-        """(all ranks) Local rank 0 of each node runs ``decide()`` in its turn of ``stage``; every rank of the node
-        returns that value (:meth:`on_one_rank`)."""
+        """(all ranks) :meth:`on_one_rank` with local rank 0 of each node deciding for its node."""
         value = self.on_one_rank(stage, decide, central=self.placement.local_rank == 0, per_node=True)
         assert value is not None, "decide() returned None"
         return value
@@ -234,7 +212,6 @@ class TurnSchedule:
         """(all ranks) The stage's store; in the schedule's first stage, take its namespace and say who this rank is."""
         p = self.placement
         if self._views is None:
-            assert self._job_store is not None
             main, side = open_namespace(self._job_store, p.global_rank, _BACKSTOP)
             # the heartbeat exists before the identity: a peer that knows who this rank is can read it
             side.add(heartbeat_key(p.node_rank, p.local_rank), 1)
@@ -245,42 +222,41 @@ class TurnSchedule:
         return StageStore(keys, self._views[0], self._views[1], wake_keys)
 
     def _wait_for_turn(self, store: StageStore, watch: Watch, ordered: bool) -> Outcome:
-        p, keys = self.placement, store.keys
+        # unordered, every rank runs its body, as every upstream rank would have, and learns of a failure at the end
+        p, keys, predecessor = self.placement, store.keys, self.order.predecessor(self.placement.local_rank)
         if not ordered:
-            # nobody waits for anybody: every rank runs its body, as every upstream rank would have, whichever rank
-            # fails first, and learns of a failure when the stage ends
             return Outcome.GO
-        predecessor = self.order.predecessor(p.local_rank)
         if predecessor is None:
-            return Outcome.FAILED if store.main.get_if_set(keys.closed) == Outcome.FAILED else Outcome.GO
+            return Outcome.of(store.main.get_if_set(keys.closed) or Outcome.GO)
         key = keys.wake(p.node_rank, p.local_rank)
         with watch.waiting(WaitKind.TURN, key, predecessor):
             return self._block(store.main, key, watch)
 
     def _end_turn(self, store: StageStore, watch: Watch, record: TurnRecord, ordered: bool, memory_before: int
                   ) -> Outcome:  # fmt: skip
-        """Announce the end of this rank's turn, wake its successor, and wait for every rank of the job to end the
-        stage; the stage's fate."""
+        """Log the end of this rank's turn, wake its successor and wait for every rank to end the stage: its fate."""
         p, keys, main = self.placement, store.keys, store.main
         memory = private_memory()
         mapped = record.bytes_read if record.reader == "mmap" else 0
         line = NodeLog.end_line(p.local_rank, record.duration, mapped, record.bytes_read - mapped,
                                 record.bytes_copied, memory, memory - memory_before)  # fmt: skip
         main.append(keys.log(p.node_rank), line)
-        successor = self.order.successor(p.local_rank)
-        if ordered and successor is not None:
-            # compare_set: a failure's "failed" stays
-            main.compare_set(keys.wake(p.node_rank, successor), "", Outcome.GO.value)
+        if ordered:
+            self._wake_successor(main, keys)
         if main.add(keys.finished, 1) >= p.world_size:
             return Outcome.of(main.compare_set(keys.closed, "", Outcome.ENDED.value))
         with watch.waiting(WaitKind.END, keys.closed):
             return self._block(main, keys.closed, watch)
 
+    def _wake_successor(self, main: StoreView, keys: StageKeys) -> None:
+        successor = self.order.successor(self.placement.local_rank)
+        if successor is not None:
+            main.compare_set(keys.wake(self.placement.node_rank, successor), "", Outcome.GO.value)  # "failed" stays
+
     @staticmethod
     def _block(main: StoreView, key: str, watch: Watch) -> Outcome:
-        """The value of ``key`` once set. Every wait here ends by a key being set, never by its timeout, which is a
-        backstop for a dead watch. The blocking ``get`` runs in a helper thread while the main thread waits on an
-        event: a signal (Ctrl-C, a launcher's SIGTERM) reaches the main thread's Python handlers at once."""
+        """The value of ``key`` once set (by a rank or the watch; the timeout is a backstop for a dead watch). The
+        ``get`` runs in a helper thread: a signal (Ctrl-C, a launcher's SIGTERM) reaches the main thread at once."""
         outcome: dict[str, Any] = {}
         done = threading.Event()
 
@@ -305,31 +281,60 @@ class TurnSchedule:
             raise outcome["error"]
         return Outcome.of(outcome["value"])
 
+    def _abort(
+        self, store: StageStore, watch: Watch, own: list[RankFailure], raised: BaseException | None = None
+    ) -> CheckpointRestoreError:
+        """End a failed stage on this rank: post ``own`` and acknowledge; wait, at most ``_GATHER_GRACE``, until every
+        rank acknowledged or is gone (failures within the grace are named together; a rank blocked in its turn costs
+        the grace, not a hang); read the reports; wait, at most ``_LINGER``, until every rank that acknowledged read
+        them (a launcher ends the job once a process exits, and rank 0 hosts the store). The error to raise."""
+        view, keys = store.main, store.keys
+        try:
+            if own:
+                store.post(own, view)
+            store.acknowledge(view)
+            self._await(watch, view, keys.all_acked, _GATHER_GRACE)
+            failures = watch.reports = store.read(view)
+            self._await(watch, view, keys.all_read, _LINGER)
+        except StoreLost as err:
+            return self._store_lost(store, watch, err, own, raised)
+        return restore_error(self.checkpoint_path, failures + own, self.placement.global_rank, raised)
+
+    @staticmethod
+    def _await(watch: Watch, view: StoreView, key: str, bound: float) -> None:
+        with watch.waiting(WaitKind.RELEASE, key, release_after=bound), contextlib.suppress(StoreTimeout):
+            view.get(key)
+
+    def _store_lost(
+        self, store: StageStore, watch: Watch, err: BaseException, own: Sequence[RankFailure] = (),
+        raised: BaseException | None = None,
+    ) -> CheckpointRestoreError:  # fmt: skip
+        """The error once the store is gone: what this rank read before and its own failures, else the loss itself."""
+        rank = self.placement.global_rank
+        failures = [*(watch.reports or []), *own] or [store_lost_failure(store.keys.stage, rank, err)]
+        return restore_error(self.checkpoint_path, failures, rank, raised)
+
     def _log_turn_end(self, record: TurnRecord) -> None:
         self.log.info(
             f"[rank {self.placement.global_rank}] serialized restore: turn for {record.stage!r} ended in"
             f" {record.duration:.2f}s, {record.describe()}"
         )
 
-    def _log_node_summary(self, main: StoreView, keys: StageKeys, ordered: bool) -> None:
+    def _log_node_summary(self, store: StageStore, ordered: bool) -> None:
         # this rank's own turn is in the node's log: it is set, and ``ranks`` is never empty
-        node_log = NodeLog.parse(main.get(keys.log(self.placement.node_rank)))
+        node_log = NodeLog.parse(store.main.get(store.keys.log(self.placement.node_rank)))
         ranks = [r for r in sorted(node_log.durations) if r in node_log.started]
         took = max(node_log.started[r] + node_log.durations[r] for r in ranks) - min(node_log.started[r] for r in ranks)
         ends = [node_log.ends[r] for r in ranks if r in node_log.ends]
         mapped, eager, copied = (sum(e[i] for e in ends) for i in range(3))
-        did = []
-        if mapped:
-            size = format_bytes(max(e[0] for e in ends))
-            did.append(
-                f"{sum(1 for e in ends if e[0])} rank(s) mapped the file ({size}, pages shared in the page cache)"
-            )
+        did = [f"{sum(1 for e in ends if e[0])} rank(s) mapped the file ({format_bytes(max(e[0] for e in ends))},"
+               " pages shared in the page cache)"] if mapped else []  # fmt: skip
         did += [f"read {format_bytes(eager)} eagerly"] if eager else []
         did += [f"copied {format_bytes(copied)} out of the mapping"] if copied else []
         at_once = f"at most {self.max_concurrent}" if ordered else "all"
         self.log.info(
-            f"serialized restore: node {self.placement.node_rank} ran {len(ranks)} turns of {keys.stage!r} ({at_once}"
-            f" at once) in {took:.2f}s: {', '.join(did) or 'read nothing'}; longest turn"
+            f"serialized restore: node {self.placement.node_rank} ran {len(ranks)} turns of {store.keys.stage!r}"
+            f" ({at_once} at once) in {took:.2f}s: {', '.join(did) or 'read nothing'}; longest turn"
             f" {max(node_log.durations[r] for r in ranks):.2f}s; at the end of its turn a rank's process held at most"
             f" {format_bytes(max((e[3] for e in ends), default=0))} of private memory, of which its turn added at most"
             f" {format_bytes(max((e[4] for e in ends), default=0))}"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from serialized_restore._diagnosis import Where, timeout_failures
+from traceback import FrameSummary
+
+from serialized_restore._diagnosis import collective, stuck_in, timeout_failures
 from serialized_restore._options import TURN_TIMEOUT_SETTING
 from serialized_restore._order import NodeLog
 from serialized_restore._turns import RankPlacement
@@ -10,37 +12,35 @@ from serialized_restore._turns import RankPlacement
 STAGE = "restore modules and callbacks"
 
 
-def _where(*frames: tuple[str, int, str, str]) -> Where:
-    return Where(list(frames))
+def _frames(*frames: tuple[str, int, str, str]) -> list[FrameSummary]:
+    return [FrameSummary(file, line, name, lookup_line=False, line=source) for file, line, name, source in frames]
+
+
+BROADCAST = _frames(
+    ("train.py", 42, "on_load_checkpoint", "dist.broadcast(t, 0)"),
+    ("/x/torch/distributed/c10d_logger.py", 80, "wrapper", ""),
+    ("/x/torch/distributed/distributed_c10d.py", 2000, "broadcast", ""),
+)
 
 
 def test_timeout_names_the_rank_inside_its_turn_and_its_collective():
     """A turn timeout blames the rank still inside its turn, with how long, the turn timeout setting, the
-    ``torch.distributed`` collective it is blocked in and the hook that called it, and says hooks must not run
-    collectives."""
+    ``torch.distributed`` collective it is blocked in, the hook that called it and its frames, and says hooks must
+    not run collectives; without word of where it is, it names the two likely causes."""
     log = NodeLog.parse(NodeLog.start_line(0, 1000.0))
-    where = _where(
-        ("train.py", 42, "on_load_checkpoint", "dist.broadcast(t, 0)"),
-        ("/x/torch/distributed/c10d_logger.py", 80, "wrapper", ""),
-        ("/x/torch/distributed/distributed_c10d.py", 2000, "broadcast", ""),
-    )
-    (failure,) = timeout_failures(
-        stage=STAGE,
-        observer=RankPlacement(1, 3, 0, 1, 3),
-        turn_timeout=8.0,
-        idle=8.5,
-        what="the end of local rank 0's turn",
-        logs={0: log},
-        arrived={(0, 0): 0, (0, 1): 1, (0, 2): 2},
-        wheres={(0, 0): where},
-        now=1009.0,
-    )
+    common = dict(stage=STAGE, observer=RankPlacement(1, 3, 0, 1, 3), turn_timeout=8.0, idle=8.5, now=1009.0)
+    arrived = {(0, 0): 0, (0, 1): 1, (0, 2): 2}
+    wheres = {(0, 0): stuck_in(BROADCAST)}
+    (failure,) = timeout_failures(what="x", logs={0: log}, arrived=arrived, wheres=wheres, **common)
     assert (failure.global_rank, failure.kind, failure.reported_by) == (0, "timeout", 1)
     assert failure.message.startswith("still inside its turn after 9.0s, and no turn on node 0")
     assert f"{TURN_TIMEOUT_SETTING} (seconds, now 8)" in failure.message
     assert "blocked in the collective `torch.distributed.broadcast`" in failure.message
     assert "`on_load_checkpoint` (train.py, line 42)" in failure.message
     assert "must not run collectives" in failure.message
+    assert "    File 'train.py', line 42, in on_load_checkpoint\n      dist.broadcast(t, 0)" in failure.message
+    (unknown,) = timeout_failures(what="x", logs={0: log}, arrived=arrived, wheres={}, **common)
+    assert "slow or overloaded file system" in unknown.message and "collective such as" in unknown.message
 
 
 def test_timeout_names_ranks_that_never_arrived_else_the_observer():
@@ -54,16 +54,10 @@ def test_timeout_names_ranks_that_never_arrived_else_the_observer():
     assert nobody.global_rank == 0 and "no rank is inside its turn" in nobody.message
 
 
-def test_where_finds_the_collective_and_its_caller_and_survives_json():
-    """``Where`` names the public ``torch.distributed`` function a thread is blocked in (past decorators) and the
-    frame that called it; a thread outside ``torch.distributed`` has none; it round-trips through JSON."""
-    where = Where(
-        [
-            ("train.py", 42, "on_load_checkpoint", "dist.barrier()"),
-            ("/x/torch/distributed/c10d_logger.py", 80, "wrapper", ""),
-            ("/x/torch/distributed/distributed_c10d.py", 4000, "barrier", ""),
-        ]
-    )
-    assert where.collective() == ("barrier", "`on_load_checkpoint` (train.py, line 42)")
-    assert Where.from_json(where.to_json()) == where
-    assert Where([("train.py", 1, "f", "")]).collective() is None
+def test_the_collective_and_its_caller_are_found_past_decorators():
+    """``collective`` names the public ``torch.distributed`` function the frames are blocked in (past decorators)
+    and the frame that called it; frames outside ``torch.distributed`` have none, and a stack that starts inside it
+    has no caller to name."""
+    assert collective(BROADCAST) == ("broadcast", "`on_load_checkpoint` (train.py, line 42)")
+    assert collective(BROADCAST[:1]) is None
+    assert collective(BROADCAST[1:]) == ("broadcast", "code outside the frames recorded")

@@ -81,7 +81,22 @@ def test_the_first_post_closes_the_stage_as_failed_and_wakes_everyone():
     assert store.main.get(store.keys.closed) == "failed"
     assert store.reports(store.main) == [first, second]
     assert [store.main.get(k) for k in store.wake_keys] == ["failed", "failed"]
-    assert store.main.add(store.keys.failures, 0) == 2
+    # a rank gone is acknowledged (and counted as read) on its behalf, once however many ranks report it
+    store.post([second], store.side)
+    assert store.main.add(store.keys.acked, 0) == store.main.add(store.keys.reads, 0) == 1
+
+
+def test_the_ranks_that_acknowledged_and_read_say_so_once_all_have():
+    """``all_acked`` is set by the acknowledgement that completes the job's count; ``all_read`` by the read that
+    catches up with every acknowledgement so far."""
+    store = _stage(_server())
+    store.post([RankFailure(1, 0, 1, STAGE, "exception", "ValueError: x")], store.side)
+    store.acknowledge(store.main)
+    assert store.main.get_if_set(store.keys.all_acked) is None
+    assert [f.global_rank for f in store.read(store.main)] == [1]
+    assert store.main.get_if_set(store.keys.all_read) == "1"
+    store.acknowledge(store.side)
+    assert store.main.get_if_set(store.keys.all_acked) == "1"
 
 
 def test_a_failure_after_the_stage_ended_changes_nothing():

@@ -355,6 +355,18 @@ def test_exceptions_in_concurrent_turns_are_all_reported(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_a_rank_blocked_in_its_turn_costs_the_others_the_grace_not_a_hang(tmp_path):
+    """With every turn at once, rank 1 raises while rank 2 is still inside a long turn: ranks 0 and 1 raise after
+    the one-second gather grace, not waiting for rank 2, which raises the same error once its turn ends."""
+    result = _run(tmp_path, 3, {"k": 3, "actions": {"1": "raise:0.5", "2": "sleep:6"}}, timeout=40)
+    _assert_every_rank_raised(result, 3, [1])
+    started = min(o["events"][0][1] for o in result["ranks"].values())
+    for rank in (0, 1):
+        assert 1.4 < result["ranks"][rank]["ended"] - started < 4.0, rank
+    assert result["ranks"][2]["ended"] - started > 6.0
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("killed", [1, 2])
 def test_a_killed_rank_is_reported_at_once_by_its_node(tmp_path, killed):
     """A rank SIGKILLed in its turn is seen gone by the ranks on its machine long before the heartbeat timeout."""
