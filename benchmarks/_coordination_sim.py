@@ -519,8 +519,9 @@ def _answer(out: Any, message: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    # the package under test comes from PYTHONPATH; this checkout's own copy only when nothing else provides it
-    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # as in coordination_benchmark.py: PYTHONPATH first, then this checkout, then installed packages
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [*filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)), here]
     if sys.argv[1] == "serve":
         serve()
     elif sys.argv[1] == "work":

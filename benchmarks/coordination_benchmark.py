@@ -44,8 +44,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-# the package under test comes from PYTHONPATH; this checkout's own copy only when nothing else provides it
-sys.path.append(str(Path(__file__).resolve().parents[1]))
+# the package under test comes from PYTHONPATH, else from this checkout, whose `benchmarks` and `harness` also come
+# before installed packages of those names (fairscale installs a `benchmarks` of its own)
+sys.path[:0] = [*filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)), str(Path(__file__).parents[1])]
 
 # ---------------------------------------------------------------- configuration
 

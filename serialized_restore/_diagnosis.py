@@ -29,14 +29,13 @@ _SLOW = (
 
 
 def where(thread: int) -> str | None:
-    """(the watch of a rank inside its turn) :func:`stuck_in` of the innermost frames of its main thread."""
+    """(the watch of a rank inside its turn) :func:`stuck_in` of its main thread's innermost frames."""
     frame = sys._current_frames().get(thread)
     return None if frame is None else stuck_in(traceback.extract_stack(frame)[-_WHERE_FRAMES:])
 
 
 def stuck_in(frames: list[traceback.FrameSummary]) -> str:
-    """Why a rank inside its turn may be stuck, for a timeout message: the collective ``frames`` are blocked in, if
-    any, and the frames themselves."""
+    """Why a rank inside its turn may be stuck, for a timeout message: the collective it is in, and its frames."""
     blocked = collective(frames)
     shown = "".join(f"\n    File {f.filename!r}, line {f.lineno}, in {f.name}" + (f"\n      {f.line}" if f.line else "")
                     for f in frames)  # fmt: skip
@@ -44,8 +43,8 @@ def stuck_in(frames: list[traceback.FrameSummary]) -> str:
 
 
 def collective(frames: list[traceback.FrameSummary]) -> tuple[str, str] | None:
-    """The public ``torch.distributed`` function ``frames`` are blocked in (the innermost run of its frames, past
-    decorators and private helpers) and the frame that called it."""
+    """The public ``torch.distributed`` function ``frames`` are blocked in (past decorators and private helpers) and
+    the frame that called it."""
     inside = [i for i, f in enumerate(frames) if "torch/distributed/" in f.filename.replace(os.sep, "/")]
     if not inside:
         return None
@@ -73,12 +72,9 @@ def timeout_failures(
     wheres: dict[tuple[int, int], str],
     now: float | None = None,
 ) -> list[RankFailure]:
-    """The ranks to blame when nothing moved for longer than the turn timeout, among the nodes in ``logs``: those
-    inside their turn, else those that have not arrived, else the observer itself.
-
-    ``observer``: the placement of the rank that waited ``idle`` seconds for ``what``; ``arrived``: the global rank of
-    each ``(node, local)`` known to have reached the stage; ``wheres``: :func:`where` of a rank inside its turn.
-    """
+    """Whom to blame when ``observer`` (a placement) waited ``idle`` seconds for ``what``, longer than the turn
+    timeout, among the nodes in ``logs``: the ranks inside their turn (``wheres``: their :func:`where`), else those
+    that have not arrived (``arrived``: the global rank of each ``(node, local)`` known to have), else itself."""
     now = time.time() if now is None else now
     me, lws = observer.global_rank, observer.local_world_size
     setting = f"{TURN_TIMEOUT_SETTING} (seconds, now {turn_timeout:g})"
@@ -105,9 +101,9 @@ def timeout_failures(
 def diagnose_stall(
     schedule: Any, store: StageStore, idle: float, node_log: NodeLog | None, predecessor: int | None
 ) -> list[RankFailure]:
-    """(a rank's watch, once per wait) The timeout failures to post after ``idle`` seconds without progress: for the
-    own node (``node_log``) when waiting for the predecessor's end; for every unfinished node when waiting for the
-    stage to end, by the one rank that claims the diagnosis (so only one rank reads O(nodes) keys)."""
+    """(a rank's watch, once per wait) The timeout failures to post after ``idle`` seconds without progress: for its
+    own node (``node_log``) when it waits for its predecessor; for every unfinished node when it waits for the stage
+    to end and claims the diagnosis (so only one rank reads O(nodes) keys)."""
     p, keys, view = schedule.placement, store.keys, store.side
     if node_log is not None:
         logs, what = {p.node_rank: node_log}, f"the end of local rank {predecessor}'s turn"
@@ -117,8 +113,7 @@ def diagnose_stall(
         every = (NodeLog.parse(view.get_if_set(keys.log(n))) for n in range(p.world_size // p.local_world_size))
         logs = {n: log for n, log in enumerate(every) if len(log.durations) < p.local_world_size}
         what = "every rank to end the stage"
-    # the ranks of other nodes that have not started their turn count as not arrived: with nobody inside a turn,
-    # a rank that arrived and was not woken has its wake-up repaired by its own watch
+    # other nodes' ranks that have not started count as not arrived: one that did has its wake-up repaired by its watch
     arrived = {(p.node_rank, local): ident.global_rank for local, ident in schedule.peers.identities.items()}
     arrived[(p.node_rank, p.local_rank)] = p.global_rank
     published = {(n, r): view.get_if_set(keys.where(n, r)) for n, log in logs.items() for r in log.inside()}

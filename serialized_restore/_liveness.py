@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Protocol
 from serialized_restore._diagnosis import diagnose_stall, where
 from serialized_restore._errors import RankFailure, gone_failure
 from serialized_restore._order import NodeLog
-from serialized_restore._store import StageStore, heartbeat_key, identity_key
+from serialized_restore._store import StageStore, StoreView, heartbeat_key, identity_key
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,13 @@ class Identity(NamedTuple):
         return cls(int(rank), int(pid), str(machine))
 
 
+def announce(side: StoreView, placement: Any) -> None:
+    """(once per schedule) Start this rank's heartbeat, then say who it is: a peer that knows it can read its beat."""
+    side.add(heartbeat_key(placement.node_rank, placement.local_rank), 1)
+    identity = Identity.of_this_process(placement.global_rank)
+    side.set(identity_key(placement.node_rank, placement.local_rank), json.dumps(identity))
+
+
 class PeerWatch:
     """(one rank, one schedule) What it knows of the other local ranks of its node; no store access."""
 
@@ -123,14 +130,13 @@ class _Wait:
     key: str
     due: float  # the next re-check; for RELEASE, when the key is set
     predecessor: int | None = None
-    last_progress: int | None = None
-    last_change: float = 0.0
-    done: bool = False  # timed out: diagnosed once
+    last_progress: int = -1  # the first re-check sees progress: the timeout counts from it
+    last_change: float = 0.0  # infinite once timed out and diagnosed
 
 
 class WatchHost(Protocol):
-    """Runs watches (the seam the coordination benchmark uses): calls ``watch.step(now)`` every ``watch.tick``
-    seconds from ``start`` until ``stop`` or a step returns ``False``; ``runs`` says whether it still does."""
+    """Runs watches (the seam the coordination benchmark uses): ``watch.step(now)`` every ``watch.tick`` seconds from
+    ``start`` until ``stop`` or a step returns ``False``; ``runs`` says whether it still does."""
 
     def start(self, watch: Watch) -> None: ...
 
@@ -203,7 +209,7 @@ class Watch:
         (``RELEASE``) set it after ``release_after`` seconds."""
         now = time.monotonic()
         due = now + (release_after if kind is WaitKind.RELEASE else self._recheck)
-        self._wait = _Wait(kind, key, due, predecessor, last_change=now)
+        self._wait = _Wait(kind, key, due, predecessor)
         try:
             yield
         finally:
@@ -254,7 +260,7 @@ class Watch:
         self._store.post(failures, view)
 
     def _node_log(self) -> NodeLog:
-        """This node's log; once it exists, read without a check first."""
+        """This node's log (once it exists, read without a check first)."""
         key = self._store.keys.log(self._p.node_rank)
         if self._log_seen:
             return NodeLog.parse(self._store.side.get(key))
@@ -276,7 +282,7 @@ class Watch:
             if self.reports is None and view.get_if_set(keys.closed) == "failed":
                 self.reports = self._store.reports(view)
             return
-        node_log: NodeLog | None = None
+        node_log: NodeLog | None = None  # for a turn's wait: the node's
         if wait.kind is WaitKind.TURN:
             node_log = self._node_log()
             progress = node_log.events
@@ -288,13 +294,10 @@ class Watch:
             progress = view.add(keys.finished, 0)
             if progress >= p.world_size:
                 view.compare_set(keys.closed, "", "ended")  # the last rank's close was lost
-        if wait.last_progress is None:
-            wait.last_progress = progress
-        elif progress != wait.last_progress:
+        if progress != wait.last_progress:
             wait.last_progress, wait.last_change = progress, now
-        if not wait.done and now - wait.last_change > self._s.turn_timeout:
-            wait.done = True
-            own_node = node_log if wait.kind is WaitKind.TURN else None
-            failures = diagnose_stall(self._s, self._store, now - wait.last_change, own_node, wait.predecessor)
+        elif now - wait.last_change > self._s.turn_timeout:
+            failures = diagnose_stall(self._s, self._store, now - wait.last_change, node_log, wait.predecessor)
+            wait.last_change = float("inf")
             if failures:
                 self._store.post(failures, view)

@@ -7,7 +7,6 @@ operation holds its connection); its watch makes short operations on the *side* 
 from __future__ import annotations
 
 import datetime
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +50,7 @@ class StoreView:
         return _text(self._call("get", key))
 
     def get_if_set(self, key: str) -> str | None:
+        """The value of ``key``, or ``None`` if it is not set; never blocks."""
         return self.get(key) if self.check([key]) else None
 
     def compare_set(self, key: str, expected: str, desired: str) -> str:
@@ -72,8 +72,7 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
-_CLONES: dict[int, tuple[Any, Any]] = {}
-_CLONES_LOCK = threading.Lock()
+_CLONES: dict[int, tuple[Any, Any]] = {}  # id of a job store: the store (so that its id is not reused), its clone
 
 
 def open_namespace(job_store: Any, global_rank: int, backstop: float) -> tuple[StoreView, StoreView]:
@@ -85,10 +84,9 @@ def open_namespace(job_store: Any, global_rank: int, backstop: float) -> tuple[S
     """
     try:
         generation = job_store.add(f"serialized_restore/generation/{global_rank}", 1)
-        with _CLONES_LOCK:
-            cached = _CLONES.get(id(job_store))
-            if cached is None or cached[0] is not job_store:  # the store itself is kept: its id is not reused
-                cached = _CLONES[id(job_store)] = (job_store, job_store.clone())
+        cached = _CLONES.get(id(job_store))
+        if cached is None or cached[0] is not job_store:
+            cached = _CLONES[id(job_store)] = (job_store, job_store.clone())
         cached[1].set_timeout(datetime.timedelta(seconds=backstop))
     except Exception as err:  # every store a process group is built on clones: an error here is a lost store
         raise StoreLost(str(err)) from err
@@ -117,7 +115,7 @@ class StageKeys:
         self.reads, self.all_read = p + "reads", p + "all_read"
 
     def wake(self, node: int, local: int) -> str:
-        """Set by the rank's predecessor when its turn ends, and by a rank posting a failure."""
+        """Set by the rank's predecessor, or by a rank posting a failure."""
         return f"{self._p}wake/{node}/{local}"
 
     def log(self, node: int) -> str:
@@ -125,7 +123,7 @@ class StageKeys:
         return f"{self._p}log/{node}"
 
     def gone(self, global_rank: int) -> str:
-        """Counts the reports of a rank that takes no further part: the first acknowledges on its behalf."""
+        """Counts the reports of a rank that is gone: the first acknowledges on its behalf."""
         return f"{self._p}gone/{global_rank}"
 
     def where(self, node: int, local: int) -> str:
@@ -164,8 +162,7 @@ class StageStore:
             view.set(self.keys.all_acked, "1")
 
     def read(self, view: StoreView) -> list[RankFailure]:
-        """(a rank that acknowledged) The reports, read once; the last of the ranks that acknowledged to read them
-        says so."""
+        """(a rank that acknowledged) The reports; the read that catches up with every acknowledgement says so."""
         failures = self.reports(view)
         if view.add(self.keys.reads, 1) >= view.add(self.keys.acked, 0):
             view.set(self.keys.all_read, "1")

@@ -8,7 +8,6 @@ the protocol and its store load.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -26,19 +25,10 @@ from serialized_restore._errors import (
     restore_error,
     store_lost_failure,
 )
-from serialized_restore._liveness import Identity, OwnThread, PeerWatch, WaitKind, Watch, WatchHost
+from serialized_restore._liveness import OwnThread, PeerWatch, WaitKind, Watch, WatchHost, announce
 from serialized_restore._memory import format_bytes, private_memory
 from serialized_restore._order import NodeLog, TurnOrder
-from serialized_restore._store import (
-    StageKeys,
-    StageStore,
-    StoreLost,
-    StoreTimeout,
-    StoreView,
-    heartbeat_key,
-    identity_key,
-    open_namespace,
-)
+from serialized_restore._store import StageKeys, StageStore, StoreLost, StoreTimeout, StoreView, open_namespace
 
 log = logging.getLogger(__name__)
 
@@ -212,11 +202,8 @@ class TurnSchedule:
         """(all ranks) The stage's store; in the schedule's first stage, take its namespace and say who this rank is."""
         p = self.placement
         if self._views is None:
-            main, side = open_namespace(self._job_store, p.global_rank, _BACKSTOP)
-            # the heartbeat exists before the identity: a peer that knows who this rank is can read it
-            side.add(heartbeat_key(p.node_rank, p.local_rank), 1)
-            side.set(identity_key(p.node_rank, p.local_rank), json.dumps(Identity.of_this_process(p.global_rank)))
-            self._views = (main, side)
+            self._views = open_namespace(self._job_store, p.global_rank, _BACKSTOP)
+            announce(self._views[1], p)
         nodes = max(1, p.world_size // p.local_world_size)
         wake_keys = [keys.wake(n, r) for n in range(nodes) for r in range(p.local_world_size)]
         return StageStore(keys, self._views[0], self._views[1], wake_keys)
@@ -257,29 +244,26 @@ class TurnSchedule:
     def _block(main: StoreView, key: str, watch: Watch) -> Outcome:
         """The value of ``key`` once set (by a rank or the watch; the timeout is a backstop for a dead watch). The
         ``get`` runs in a helper thread: a signal (Ctrl-C, a launcher's SIGTERM) reaches the main thread at once."""
-        outcome: dict[str, Any] = {}
-        done = threading.Event()
+        outcome: list[Any] = []
 
         def wait() -> None:
             try:
-                while True:
+                while not outcome:
                     try:
-                        outcome["value"] = main.get(key)
-                        return
+                        outcome.append(main.get(key))
                     except StoreTimeout:
                         if not watch.alive:
                             raise
             except BaseException as err:
-                outcome["error"] = err
-            finally:
-                done.set()
+                outcome.append(err)
 
-        threading.Thread(target=wait, name="serialized-restore-wait", daemon=True).start()
-        while not done.wait(_SIGNAL_CHECK):
-            pass
-        if "error" in outcome:
-            raise outcome["error"]
-        return Outcome.of(outcome["value"])
+        thread = threading.Thread(target=wait, name="serialized-restore-wait", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(_SIGNAL_CHECK)
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return Outcome.of(outcome[0])
 
     def _abort(
         self, store: StageStore, watch: Watch, own: list[RankFailure], raised: BaseException | None = None
