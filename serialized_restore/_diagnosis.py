@@ -2,63 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-import traceback
 from typing import Any
 
 from serialized_restore._errors import FailureKind, RankFailure
 from serialized_restore._options import TURN_TIMEOUT_SETTING
 from serialized_restore._order import NodeLog
+from serialized_restore._stack import UNKNOWN_STACK
 from serialized_restore._store import StageStore
-
-_WHERE_FRAMES = 8
-_COLLECTIVE = (
-    " It is blocked in the collective `torch.distributed.{}`, called from {}: a collective inside a turn cannot"
-    " complete while the other ranks wait for their turn. Hooks that run during the restore (`on_load_checkpoint`, a"
-    " callback's `load_state_dict`) must not run collectives while `serialized_checkpoint_loading` is on; move the"
-    " collective to `setup` or `on_fit_start`, or turn the option off."
-)
-_SLOW = (
-    " Either reading the checkpoint is that slow (for example a slow or overloaded file system: set"
-    f" {TURN_TIMEOUT_SETTING} to a larger number of seconds), or code in the turn waits for other ranks, for example"
-    " a collective such as `broadcast` or `barrier` in `on_load_checkpoint` or in a callback's `load_state_dict`,"
-    " which cannot complete while they wait for their turn."
-)
-
-
-def where(thread: int) -> str | None:
-    """(the watch of a rank inside its turn) :func:`stuck_in` of its main thread's innermost frames."""
-    frame = sys._current_frames().get(thread)
-    return None if frame is None else stuck_in(traceback.extract_stack(frame)[-_WHERE_FRAMES:])
-
-
-def stuck_in(frames: list[traceback.FrameSummary]) -> str:
-    """Why a rank inside its turn may be stuck, for a timeout message: the collective it is in, and its frames."""
-    blocked = collective(frames)
-    shown = "".join(f"\n    File {f.filename!r}, line {f.lineno}, in {f.name}" + (f"\n      {f.line}" if f.line else "")
-                    for f in frames)  # fmt: skip
-    return (_COLLECTIVE.format(*blocked) if blocked else _SLOW) + f"\n  Where its main thread was:{shown}"
-
-
-def collective(frames: list[traceback.FrameSummary]) -> tuple[str, str] | None:
-    """The public ``torch.distributed`` function ``frames`` are blocked in (past decorators and private helpers) and
-    the frame that called it."""
-    inside = [i for i, f in enumerate(frames) if "torch/distributed/" in f.filename.replace(os.sep, "/")]
-    if not inside:
-        return None
-    first = inside[-1]
-    while first - 1 in inside:
-        first -= 1
-    api = first
-    while api < len(frames) - 1 and frames[api].name.startswith(("wrapper", "_")):
-        api += 1
-    caller = frames[first - 1] if first else None
-    return (
-        frames[api].name,
-        f"`{caller.name}` ({caller.filename}, line {caller.lineno})" if caller else "code outside the frames recorded",
-    )
 
 
 def timeout_failures(
@@ -73,7 +24,7 @@ def timeout_failures(
     now: float | None = None,
 ) -> list[RankFailure]:
     """Whom to blame when ``observer`` (a placement) waited ``idle`` seconds for ``what``, longer than the turn
-    timeout, among the nodes in ``logs``: the ranks inside their turn (``wheres``: their :func:`where`), else those
+    timeout, among the nodes in ``logs``: the ranks inside their turn (``wheres``: their ``_stack.where``), else those
     that have not arrived (``arrived``: the global rank of each ``(node, local)`` known to have), else itself."""
     now = time.time() if now is None else now
     me, lws = observer.global_rank, observer.local_world_size
@@ -84,7 +35,7 @@ def timeout_failures(
         message = (
             f"still inside its turn after {now - logs[node].started[local]:.1f}s, and no turn on node {node} has"
             f" started or ended for {idle:.1f}s: longer than the turn timeout, {setting}."
-            + wheres.get((node, local), _SLOW)
+            + wheres.get((node, local), UNKNOWN_STACK)
         )
         rank = arrived.get((node, local), node * lws + local)
         failures.append(RankFailure(rank, node, local, stage, FailureKind.TIMEOUT, message, reported_by=me))

@@ -107,13 +107,9 @@ _FIELDS.update(stage=str, kind=str, message=str, traceback=str, reported_by=_OPT
 
 
 class CheckpointRestoreError(Exception):
-    """A serialized checkpoint restore failed on at least one rank of a multi-process job.
-
-    Every rank raises one, with the same message (the failing ranks, the checkpoint, the stage, each failure and where
-    it was raised), of a subclass that also derives from the original exception's type (``RuntimeError`` when no rank
-    raised), so that ``except FileNotFoundError`` catches it on every rank as it catches upstream's error. A single
-    process raises the original exception itself. ``docs/failures.md`` describes it.
-    """
+    """A serialized checkpoint restore failed on at least one rank of a multi-process job: every rank raises one,
+    with the same message, of a subclass that also derives from the original exception's type (``RuntimeError``
+    when no rank raised), as ``docs/failures.md`` describes."""
 
     def __init__(self, checkpoint_path: str, failures: list[RankFailure], observed_on: int) -> None:
         self.checkpoint_path = checkpoint_path
@@ -231,8 +227,8 @@ def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFai
 def gone_failure(
     stage: str, observer: Any, local: int, who: Any, doing: str, silent: float, heartbeat_timeout: float
 ) -> RankFailure:
-    """Local rank ``local`` of the node of ``observer`` (a placement), ``who`` (its ``_liveness.Identity``): its
-    process exited (``silent`` 0) or its heartbeat has been silent for ``silent`` seconds."""
+    """Local rank ``local`` of ``observer``'s node, ``who`` (an ``Identity``): its process exited (``silent`` 0) or
+    its heartbeat has been silent for ``silent`` seconds."""
     bound = f"{HEARTBEAT_TIMEOUT_SETTING} (seconds, now {heartbeat_timeout:g})"
     if not silent:
         message = (

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple, Protocol
 
-from serialized_restore._diagnosis import diagnose_stall, where
+from serialized_restore._diagnosis import diagnose_stall
 from serialized_restore._errors import RankFailure, gone_failure
 from serialized_restore._order import NodeLog
+from serialized_restore._stack import where
 from serialized_restore._store import StageStore, StoreView, heartbeat_key, identity_key
 
 log = logging.getLogger(__name__)
@@ -163,11 +164,10 @@ class OwnThread:
         thread.start()
 
     def stop(self, watch: Watch) -> None:
-        """Once this returns, no step of ``watch`` runs (it waits up to 5 s for one in progress)."""
+        """(main thread) Once this returns, no step of ``watch`` runs (it waits up to 5 s for one in progress)."""
         thread, stopped = self._threads.pop(watch)
         stopped.set()
-        if thread is not threading.current_thread():
-            thread.join(5.0)
+        thread.join(5.0)
 
     def runs(self, watch: Watch) -> bool:
         entry = self._threads.get(watch)
@@ -175,9 +175,8 @@ class OwnThread:
 
 
 class Watch:
-    """(one rank, one stage) The rank's watch: see the module docstring. The main thread tells it where it is; while
-    it is inside its turn, the watch publishes where (``_diagnosis.where``) and keeps the stage's failure reports, to
-    name a failure after losing the store."""
+    """(one rank, one stage) The rank's watch: see the module docstring. While the main thread is inside its turn,
+    it publishes where (``_stack.where``) and keeps the failure reports (to name them after losing the store)."""
 
     def __init__(self, schedule: Any, store: StageStore) -> None:
         self._s, self._store, self._p = schedule, store, schedule.placement

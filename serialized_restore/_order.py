@@ -1,25 +1,8 @@
-"""Turn order: who waits for whom on a node, and what a node's turns have done so far. Pure, no store."""
+"""The node log: what the turns of a node have done so far in a stage. Pure, no store."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-
-@dataclass(frozen=True)
-class TurnOrder:
-    """Per node, local rank ``r`` starts its turn when local rank ``r - k`` has ended its own: ``k`` chains, each
-    running one turn at a time, so at most ``k`` local ranks of a node are inside a turn at once."""
-
-    local_world_size: int
-    max_concurrent: int
-
-    def predecessor(self, local: int) -> int | None:
-        before = local - self.max_concurrent
-        return before if before >= 0 else None
-
-    def successor(self, local: int) -> int | None:
-        after = local + self.max_concurrent
-        return after if after < self.local_world_size else None
 
 
 @dataclass

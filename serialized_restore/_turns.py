@@ -27,7 +27,7 @@ from serialized_restore._errors import (
 )
 from serialized_restore._liveness import OwnThread, PeerWatch, WaitKind, Watch, WatchHost, announce
 from serialized_restore._memory import format_bytes, private_memory
-from serialized_restore._order import NodeLog, TurnOrder
+from serialized_restore._order import NodeLog
 from serialized_restore._store import StageKeys, StageStore, StoreLost, StoreTimeout, StoreView, open_namespace
 
 log = logging.getLogger(__name__)
@@ -73,23 +73,11 @@ class TurnRecord:
     bytes_copied: int = 0
     reader: str = ""
 
-    def describe(self) -> str:
-        """In words: ``read 1.4 GiB memory-mapped``, ``copied 16.1 MiB out of the mapped file``."""
-        how = {"mmap": " memory-mapped", "eager": " eagerly"}.get(self.reader, "")
-        done = [f"read {format_bytes(self.bytes_read)}{how}"] if self.bytes_read or self.reader else []
-        done += [f"copied {format_bytes(self.bytes_copied)} out of the mapped file"] if self.bytes_copied else []
-        return ", ".join(done) or "read nothing"
-
 
 class TurnSchedule:
-    """Runs the stages of a restore in turns across the local ranks of each node.
-
-    Every rank of the job calls :meth:`turn` once per stage, in the same order. Per node, local rank ``r`` starts its
-    turn when local rank ``r - k`` has ended its own (``k = max_concurrent``), and nodes proceed independently; after
-    its turn a rank waits until every rank of the job has ended the stage, so that the next stage (which may run
-    collectives) starts with everyone present. With ``store=None`` (a single process) the body simply runs. ``host``
-    runs the rank's watch (default: a thread of its own per stage).
-    """
+    """Runs the stages of a restore in turns: every rank calls :meth:`turn` once per stage, in the same order; per
+    node, local rank ``r`` starts when ``r - k`` has ended (``k = max_concurrent``), and every rank waits for the job
+    to end the stage before the next one (which may run collectives). ``host`` runs the rank's watches."""
 
     def __init__(
         self,
@@ -109,7 +97,6 @@ class TurnSchedule:
         self.turn_timeout, self.heartbeat_timeout = turn_timeout, heartbeat_timeout
         self.log = logger
         self.host: WatchHost = host if host is not None else OwnThread()
-        self.order = TurnOrder(p.local_world_size, self.max_concurrent)
         self.peers = PeerWatch(p.global_rank, p.local_rank, p.local_world_size, heartbeat_timeout)
         self._job_store = store if p.world_size > 1 else None
         self._views: tuple[StoreView, StoreView] | None = None
@@ -177,10 +164,8 @@ class TurnSchedule:
         self, stage: str, compute: Callable[[], str | None], *, central: bool, per_node: bool = False
     ) -> str | None:
         """(all ranks) Run ``compute()`` on the ``central`` rank, one per job (per node with ``per_node``), in its
-        turn of ``stage`` (every rank's turn at once), and return its result on every rank: plain text read back from
-        the store, never evaluated. If it raises, dies or hangs, every rank raises the same
-        :class:`CheckpointRestoreError` within the bounds of a turn; a single process raises the original exception.
-        """
+        turn of ``stage`` (all turns at once), and return its result, plain text never evaluated, on every rank; if
+        it fails, every rank raises the same :class:`CheckpointRestoreError` within the bounds of a turn."""
         key = StageKeys(stage).decision(self.placement.node_rank if per_node else -1)
         value: str | None = None
         with self.turn(stage, ordered=False):
@@ -198,6 +183,14 @@ class TurnSchedule:
         assert value is not None, "decide() returned None"
         return value
 
+    def predecessor(self, local: int) -> int | None:
+        """Whom local rank ``local`` waits for: ``k`` chains of turns, one turn at a time each."""
+        return local - self.max_concurrent if local >= self.max_concurrent else None
+
+    def successor(self, local: int) -> int | None:
+        after = local + self.max_concurrent
+        return after if after < self.placement.local_world_size else None
+
     def _open(self, keys: StageKeys) -> StageStore:
         """(all ranks) The stage's store; in the schedule's first stage, take its namespace and say who this rank is."""
         p = self.placement
@@ -210,7 +203,7 @@ class TurnSchedule:
 
     def _wait_for_turn(self, store: StageStore, watch: Watch, ordered: bool) -> Outcome:
         # unordered, every rank runs its body, as every upstream rank would have, and learns of a failure at the end
-        p, keys, predecessor = self.placement, store.keys, self.order.predecessor(self.placement.local_rank)
+        p, keys, predecessor = self.placement, store.keys, self.predecessor(self.placement.local_rank)
         if not ordered:
             return Outcome.GO
         if predecessor is None:
@@ -236,7 +229,7 @@ class TurnSchedule:
             return self._block(main, keys.closed, watch)
 
     def _wake_successor(self, main: StoreView, keys: StageKeys) -> None:
-        successor = self.order.successor(self.placement.local_rank)
+        successor = self.successor(self.placement.local_rank)
         if successor is not None:
             main.compare_set(keys.wake(self.placement.node_rank, successor), "", Outcome.GO.value)  # "failed" stays
 
@@ -268,10 +261,9 @@ class TurnSchedule:
     def _abort(
         self, store: StageStore, watch: Watch, own: list[RankFailure], raised: BaseException | None = None
     ) -> CheckpointRestoreError:
-        """End a failed stage on this rank: post ``own`` and acknowledge; wait, at most ``_GATHER_GRACE``, until every
-        rank acknowledged or is gone (failures within the grace are named together; a rank blocked in its turn costs
-        the grace, not a hang); read the reports; wait, at most ``_LINGER``, until every rank that acknowledged read
-        them (a launcher ends the job once a process exits, and rank 0 hosts the store). The error to raise."""
+        """End a failed stage on this rank: post ``own`` and acknowledge; wait (at most ``_GATHER_GRACE``: a rank
+        blocked in its turn costs the grace, not a hang) until every rank acknowledged or is gone; read the reports;
+        wait (at most ``_LINGER``) until every rank that acknowledged read them. The error to raise."""
         view, keys = store.main, store.keys
         try:
             if own:
@@ -299,9 +291,13 @@ class TurnSchedule:
         return restore_error(self.checkpoint_path, failures, rank, raised)
 
     def _log_turn_end(self, record: TurnRecord) -> None:
+        """``... ended in 0.31s, read 1.4 GiB memory-mapped, copied 16.1 MiB out of the mapped file``."""
+        how = {"mmap": " memory-mapped", "eager": " eagerly"}.get(record.reader, "")
+        done = [f"read {format_bytes(record.bytes_read)}{how}"] if record.bytes_read or record.reader else []
+        done += [f"copied {format_bytes(record.bytes_copied)} out of the mapped file"] if record.bytes_copied else []
         self.log.info(
             f"[rank {self.placement.global_rank}] serialized restore: turn for {record.stage!r} ended in"
-            f" {record.duration:.2f}s, {record.describe()}"
+            f" {record.duration:.2f}s, {', '.join(done) or 'read nothing'}"
         )
 
     def _log_node_summary(self, store: StageStore, ordered: bool) -> None:

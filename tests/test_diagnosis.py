@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from traceback import FrameSummary
 
-from serialized_restore._diagnosis import collective, stuck_in, timeout_failures
+from serialized_restore._diagnosis import timeout_failures
 from serialized_restore._options import TURN_TIMEOUT_SETTING
 from serialized_restore._order import NodeLog
+from serialized_restore._stack import stuck_in
 from serialized_restore._turns import RankPlacement
 
 STAGE = "restore modules and callbacks"
@@ -52,12 +53,3 @@ def test_timeout_names_ranks_that_never_arrived_else_the_observer():
     assert absent.global_rank == 1 and "has not reached the restore" in absent.message
     (nobody,) = timeout_failures(logs={0: log}, arrived={(0, 0): 0, (0, 1): 1}, wheres={}, **common)
     assert nobody.global_rank == 0 and "no rank is inside its turn" in nobody.message
-
-
-def test_the_collective_and_its_caller_are_found_past_decorators():
-    """``collective`` names the public ``torch.distributed`` function the frames are blocked in (past decorators)
-    and the frame that called it; frames outside ``torch.distributed`` have none, and a stack that starts inside it
-    has no caller to name."""
-    assert collective(BROADCAST) == ("broadcast", "`on_load_checkpoint` (train.py, line 42)")
-    assert collective(BROADCAST[:1]) is None
-    assert collective(BROADCAST[1:]) == ("broadcast", "code outside the frames recorded")

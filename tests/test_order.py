@@ -1,18 +1,8 @@
-"""``_order``: who waits for whom on a node, and the node log of a stage's turns. Pure, no store."""
+"""``_order``: the node log of a stage's turns. Pure, no store."""
 
 from __future__ import annotations
 
-from serialized_restore._order import NodeLog, TurnOrder
-
-
-def test_turn_order_forms_k_chains():
-    """With 8 local ranks and k = 3, local rank r waits for r - 3 and hands over to r + 3: the first three wait for
-    nobody and the last three hand over to nobody; a single rank has neither."""
-    order = TurnOrder(local_world_size=8, max_concurrent=3)
-    assert [order.predecessor(r) for r in range(8)] == [None, None, None, 0, 1, 2, 3, 4]
-    assert [order.successor(r) for r in range(8)] == [3, 4, 5, 6, 7, None, None, None]
-    single = TurnOrder(local_world_size=1, max_concurrent=1)
-    assert single.predecessor(0) is None and single.successor(0) is None
+from serialized_restore._order import NodeLog
 
 
 def test_node_log_reads_starts_and_ends_and_skips_foreign_lines():

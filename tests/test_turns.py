@@ -450,6 +450,21 @@ def test_a_rank_that_never_arrives_times_out(tmp_path):
     assert outcome["elapsed"] < 5.0
 
 
+def test_turn_order_forms_k_chains():
+    """With 8 local ranks and k = 3, local rank r waits for r - 3 and hands over to r + 3: the first three wait for
+    nobody and the last three hand over to nobody; a single rank has neither."""
+
+    def schedule(local_world_size: int, k: int) -> TurnSchedule:
+        placement = RankPlacement(0, local_world_size, 0, 0, local_world_size)
+        return TurnSchedule(store=None, placement=placement, max_concurrent=k, checkpoint_path=CKPT,
+                            turn_timeout=1.0, heartbeat_timeout=1.0)  # fmt: skip
+
+    order = schedule(8, 3)
+    assert [order.predecessor(r) for r in range(8)] == [None, None, None, 0, 1, 2, 3, 4]
+    assert [order.successor(r) for r in range(8)] == [3, 4, 5, 6, 7, None, None, None]
+    assert schedule(1, 1).predecessor(0) is None and schedule(1, 1).successor(0) is None
+
+
 def test_a_single_process_raises_the_original_exception():
     """Without a store (one process) nothing is coordinated: the body's exception propagates unchanged, as upstream."""
     schedule = TurnSchedule(
