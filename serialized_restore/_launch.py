@@ -35,22 +35,20 @@ _ACCEPTED = (
     " per node from the memory available) or `0` (off, as unset)"
 )
 
-# what each Lightning package is given, once it has run: (our module, {module: names replaced there})
-_REPLACEMENTS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
-    "lightning": (
-        "serialized_restore.lightning",
-        {
-            "lightning": ("Trainer", "Fabric"),
-            "lightning.pytorch": ("Trainer",),
-            "lightning.pytorch.trainer": ("Trainer",),
-            "lightning.fabric": ("Fabric",),
-        },
-    ),
-    "pytorch_lightning": (
-        "serialized_restore.pytorch_lightning",
-        {"pytorch_lightning": ("Trainer",), "pytorch_lightning.trainer": ("Trainer",)},
-    ),
-    "lightning_fabric": ("serialized_restore.fabric", {"lightning_fabric": ("Fabric",)}),
+# the project's module for each Lightning package
+_OURS = {
+    "lightning": "serialized_restore.lightning",
+    "pytorch_lightning": "serialized_restore.pytorch_lightning",
+    "lightning_fabric": "serialized_restore.fabric",
+}
+# the names each of the project's classes takes, once its module has run
+_REPLACED: dict[str, dict[str, tuple[str, ...]]] = {
+    "serialized_restore.lightning": {
+        "Trainer": ("lightning", "lightning.pytorch", "lightning.pytorch.trainer"),
+        "Fabric": ("lightning", "lightning.fabric"),
+    },
+    "serialized_restore.pytorch_lightning": {"Trainer": ("pytorch_lightning", "pytorch_lightning.trainer")},
+    "serialized_restore.fabric": {"Fabric": ("lightning_fabric",)},
 }
 _announced = False
 
@@ -67,37 +65,29 @@ def parse(raw: str) -> bool | int | str:
     raise ValueError(f"`{VARIABLE}={raw!r}` is not supported. Accepted values: {_ACCEPTED}.")
 
 
-def switch_on(imported: str, raw: str, how: str) -> tuple[str, ...]:
-    """(each process, when it has imported a Lightning package or this project's module for it) Replace the
-    package's ``Trainer`` / ``Fabric`` with this project's, defaulting to the value ``SERIALIZED_RESTORE=raw`` stands
-    for; ``how`` (``"launcher"`` or ``"variable"``) is named in the log line.
-
-    Returns the modules done with: both, or none while this project's module is still being imported (it imports
-    the package first; the hook calls again when it is done). A malformed value raises ``ValueError`` from the import
-    of Lightning, in every process that imports it."""
-    package = next(p for p, (ours_name, _) in _REPLACEMENTS.items() if imported in (p, ours_name))
-    ours_name, targets = _REPLACEMENTS[package]
+def switch_on(imported: str, raw: str, launched: bool) -> None:
+    """(each process, once a Lightning package or the project's module for it has run) After the package, import the
+    module; after the module, give its classes the package's names, defaulting to the value ``SERIALIZED_RESTORE=raw``
+    stands for. A malformed value raises ``ValueError`` from the import of Lightning."""
     value = parse(raw)
     if value is False:
-        return (package, ours_name)
-    ours = sys.modules.get(ours_name) or importlib.import_module(ours_name)
-    if not all(hasattr(ours, name) for names in targets.values() for name in names):
-        return ()
-    by = f"by `serialized-restore run` ({VARIABLE}={raw})" if how == "launcher" else f"by {VARIABLE}={raw}"
-    for module, names in targets.items():
-        for name in names:
-            cls = getattr(ours, name)
-            _default_to(cls, value, by, fabric=name == "Fabric")
+        return
+    if imported in _OURS:
+        # while the module itself imports the package, this returns it unfinished: the hook calls again when it is done
+        importlib.import_module(_OURS[imported])
+        return
+    by = f"by `serialized-restore run` ({VARIABLE}={raw})" if launched else f"by {VARIABLE}={raw}"
+    for name, modules in _REPLACED[imported].items():
+        cls = getattr(sys.modules[imported], name)
+        _default_to(cls, value, by, fabric=name == "Fabric")
+        for module in modules:
             setattr(sys.modules[module], name, cls)
-    return (package, ours_name)
 
 
 def _default_to(cls: type, value: object, by: str, fabric: bool) -> None:
     """Make ``value`` the default of ``cls(serialized_checkpoint_loading=...)``, in its signature too (LightningCLI
     builds its parser from it), and log on rank 0, once per process, what a construction used."""
     init: Callable[..., None] = cls.__init__  # type: ignore[misc]  # the class's own, as built by its module
-    if getattr(init, "_serialized_restore_default", None) is not None:
-        return  # one class stands for several names (``lightning.Fabric``, ``lightning.fabric.Fabric``)
     signature = inspect.signature(init)
 
     @functools.wraps(init)
@@ -108,7 +98,6 @@ def _default_to(cls: type, value: object, by: str, fabric: bool) -> None:
 
     parameters = [p.replace(default=value) if p.name == _PARAMETER else p for p in signature.parameters.values()]
     __init__.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-    __init__._serialized_restore_default = value  # type: ignore[attr-defined]
     del __init__.__wrapped__  # type: ignore[attr-defined]  # the signature is the one set above
     cls.__init__ = __init__  # type: ignore[misc]
 
