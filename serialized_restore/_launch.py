@@ -86,37 +86,33 @@ def switch_on(imported: str, raw: str, launched: bool) -> None:
 
 def _default_to(cls: type, value: object, by: str, fabric: bool) -> None:
     """Make ``value`` the default of ``cls(serialized_checkpoint_loading=...)``, in its signature too (LightningCLI
-    builds its parser from it), and log on rank 0, once per process, what a construction used."""
+    builds its parser from it); the first construction in a process logs on rank 0 what it used."""
     init: Callable[..., None] = cls.__init__  # type: ignore[misc]  # the class's own, as built by its module
     signature = inspect.signature(init)
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        global _announced
         given = kwargs.setdefault(_PARAMETER, value)
         init(self, *args, **kwargs)
-        _announce(self, given, value, by, fabric)
+        if _announced:
+            return
+        _announced = True
+        owner = type(self).__name__
+        if given == value:
+            message = f"serialized restore: {owner}(serialized_checkpoint_loading={value!r}) switched on {by}"
+        else:
+            message = (
+                f"serialized restore: the program builds {owner}(serialized_checkpoint_loading={given!r}) itself,"
+                f" which wins over {value!r} set {by}"
+            )
+        # through Lightning's rank-zero logger, of the flavour the object comes from
+        flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=fabric)(message)
 
     parameters = [p.replace(default=value) if p.name == _PARAMETER else p for p in signature.parameters.values()]
     __init__.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     del __init__.__wrapped__  # type: ignore[attr-defined]  # the signature is the one set above
     cls.__init__ = __init__  # type: ignore[misc]
-
-
-def _announce(built: Any, given: object, value: object, by: str, fabric: bool) -> None:
-    """(each process, once) Log through Lightning's rank-zero logger of the flavour ``built`` comes from."""
-    global _announced
-    if _announced:
-        return
-    _announced = True
-    owner = type(built).__name__
-    if given == value:
-        message = f"serialized restore: {owner}(serialized_checkpoint_loading={value!r}) switched on {by}"
-    else:
-        message = (
-            f"serialized restore: the program builds {owner}(serialized_checkpoint_loading={given!r}) itself, which"
-            f" wins over {value!r} set {by}"
-        )
-    flavour_of(built).import_("utilities.rank_zero", "rank_zero_info", fabric=fabric)(message)
 
 
 def launch_environment(environ: Mapping[str, str], value: str) -> dict[str, str]:
