@@ -20,15 +20,13 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from serialized_restore._flavour import flavour_of
 
 VARIABLE = "SERIALIZED_RESTORE"
-BOOTSTRAP = str(Path(__file__).resolve().with_name("_bootstrap"))
-"""The directory holding the bootstrap ``sitecustomize.py``."""
+BOOTSTRAP = os.path.join(os.path.dirname(os.path.realpath(__file__)), "_bootstrap")  # its ``sitecustomize.py``
 _PARAMETER = "serialized_checkpoint_loading"
 _ACCEPTED = (
     "`1` (the local ranks of a node restore one at a time), a positive int k (at most k at once), `auto` (k chosen"
@@ -115,16 +113,6 @@ def _default_to(cls: type, value: object, by: str, fabric: bool) -> None:
     cls.__init__ = __init__  # type: ignore[misc]
 
 
-def launch_environment(environ: Mapping[str, str], value: str) -> dict[str, str]:
-    """``environ`` with ``SERIALIZED_RESTORE=value`` and the bootstrap directory first on ``PYTHONPATH``."""
-    env = dict(environ)
-    env[VARIABLE] = value
-    path = env.get("PYTHONPATH", "")
-    if path.split(os.pathsep)[0] != BOOTSTRAP:
-        env["PYTHONPATH"] = BOOTSTRAP + (os.pathsep + path if path else "")
-    return env
-
-
 _DESCRIPTION = f"""\
 Run a command with the serialized restore switched on for every Lightning Trainer and Fabric it builds, in every
 Python process it starts (the ranks Lightning's launchers, torchrun or mp.spawn start included), without changing
@@ -173,10 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         run.error("no command given")
-    value = "auto" if args.auto else str(args.k or 1)
+    env = {**os.environ, VARIABLE: "auto" if args.auto else str(args.k or 1)}
+    path = env.get("PYTHONPATH", "")
+    if path.split(os.pathsep)[0] != BOOTSTRAP:  # not twice for a launcher run under the launcher
+        env["PYTHONPATH"] = BOOTSTRAP + (os.pathsep + path if path else "")
     try:
-        os.execvpe(command[0], command, launch_environment(os.environ, value))
+        os.execvpe(command[0], command, env)
     except OSError as err:
         print(f"serialized-restore run: cannot run {command[0]!r}: {err.strerror}", file=sys.stderr)
         return 126 if isinstance(err, PermissionError) else 127
-    return 0  # pragma: no cover - execvpe does not return
