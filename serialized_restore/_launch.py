@@ -1,15 +1,7 @@
-"""Switch the serialized restore on for every Lightning ``Trainer`` and ``Fabric`` of a job without changing its code.
+"""``serialized-restore run`` and ``SERIALIZED_RESTORE``: every Lightning ``Trainer`` and ``Fabric`` of a job built
+with the serialized restore on by default, without a change to the program (``docs/launcher.md``).
 
-``serialized-restore run [--k K | --auto] -- <command ...>`` runs the command with ``SERIALIZED_RESTORE`` set to the
-value asked for and this package's bootstrap directory first on ``PYTHONPATH``, the way instrumentation launchers
-(``opentelemetry-instrument``, ``ddtrace-run``) reach every process of a job: each Python process the command starts,
-and each one those start (Lightning's launchers, ``torchrun``, ``mp.spawn``), inherits both and imports the bootstrap's
-``sitecustomize`` at startup, which registers an import hook and imports nothing else.
-
-When such a process first imports Lightning, the hook calls :func:`switch_on` right after the package has run, before
-the program can see its classes: the package's ``Trainer`` and ``Fabric`` become this project's (a framework's own
-``Trainer`` subclass, defined later, inherits from it), whose ``serialized_checkpoint_loading`` now defaults to the
-variable's value. A value the program passes itself, ``False`` included, is left as it is.
+The launcher puts the bootstrap ``sitecustomize`` first on ``PYTHONPATH``; its import hook calls :func:`switch_on`.
 """
 
 from __future__ import annotations
@@ -28,10 +20,6 @@ from serialized_restore._flavour import flavour_of
 VARIABLE = "SERIALIZED_RESTORE"
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.realpath(__file__)), "_bootstrap")  # its ``sitecustomize.py``
 _PARAMETER = "serialized_checkpoint_loading"
-_ACCEPTED = (
-    "`1` (the local ranks of a node restore one at a time), a positive int k (at most k at once), `auto` (k chosen"
-    " per node from the memory available) or `0` (off, as unset)"
-)
 
 # the project's module for each Lightning package
 _OURS = {
@@ -60,7 +48,11 @@ def parse(raw: str) -> bool | int | str:
     if text.isascii() and text.isdigit():
         k = int(text)
         return False if k == 0 else True if k == 1 else k
-    raise ValueError(f"`{VARIABLE}={raw!r}` is not supported. Accepted values: {_ACCEPTED}.")
+    raise ValueError(
+        f"`{VARIABLE}={raw!r}` is not supported. Accepted values: `1` (the local ranks of a node restore one at a"
+        " time), a positive int k (at most k at once), `auto` (k chosen per node from the memory available) or `0`"
+        " (off, as unset)."
+    )
 
 
 def switch_on(imported: str, raw: str, launched: bool) -> None:
