@@ -1,8 +1,6 @@
 """``serialized-restore run`` and ``SERIALIZED_RESTORE``: every Lightning ``Trainer`` and ``Fabric`` of a job built
-with the serialized restore on by default, without a change to the program (``docs/launcher.md``).
-
-The launcher puts the bootstrap ``sitecustomize`` first on ``PYTHONPATH``; its import hook calls :func:`switch_on`.
-"""
+with the serialized restore on by default, without a change to the program (``docs/launcher.md``). The launcher puts
+the bootstrap ``sitecustomize`` first on ``PYTHONPATH``; its import hook calls :func:`switch_on`."""
 
 from __future__ import annotations
 
@@ -21,13 +19,12 @@ VARIABLE = "SERIALIZED_RESTORE"
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.realpath(__file__)), "_bootstrap")  # its ``sitecustomize.py``
 _PARAMETER = "serialized_checkpoint_loading"
 
-# the project's module for each Lightning package
+# the project's module for each Lightning package, and the names each of its classes takes once the module has run
 _OURS = {
     "lightning": "serialized_restore.lightning",
     "pytorch_lightning": "serialized_restore.pytorch_lightning",
     "lightning_fabric": "serialized_restore.fabric",
 }
-# the names each of the project's classes takes, once its module has run
 _REPLACED: dict[str, dict[str, tuple[str, ...]]] = {
     "serialized_restore.lightning": {
         "Trainer": ("lightning", "lightning.pytorch", "lightning.pytorch.trainer"),

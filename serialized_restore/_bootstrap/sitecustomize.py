@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 _VARIABLE = "SERIALIZED_RESTORE"
 # the Lightning packages, and the project's module for each (which imports the package before it has run itself)
-_WATCHED: tuple[str, ...] = ("lightning", "pytorch_lightning", "lightning_fabric")
-_WATCHED += ("serialized_restore.lightning", "serialized_restore.pytorch_lightning", "serialized_restore.fabric")
+_WATCHED = {"lightning", "pytorch_lightning", "lightning_fabric"}
+_WATCHED |= {"serialized_restore.lightning", "serialized_restore.pytorch_lightning", "serialized_restore.fabric"}
 _HERE = os.path.dirname(os.path.realpath(__file__))
 
 
