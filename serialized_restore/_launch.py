@@ -1,16 +1,6 @@
-"""Switch the serialized restore on for every Lightning ``Trainer`` and ``Fabric`` of a job without changing its code.
-
-``serialized-restore run [--k K | --auto] -- <command ...>`` runs the command with ``SERIALIZED_RESTORE`` set to the
-value asked for and this package's bootstrap directory first on ``PYTHONPATH``, the way instrumentation launchers
-(``opentelemetry-instrument``, ``ddtrace-run``) reach every process of a job: each Python process the command starts,
-and each one those start (Lightning's launchers, ``torchrun``, ``mp.spawn``), inherits both and imports the bootstrap's
-``sitecustomize`` at startup, which registers an import hook and imports nothing else.
-
-When such a process first imports Lightning, the hook calls :func:`switch_on` right after the package has run, before
-the program can see its classes: the package's ``Trainer`` and ``Fabric`` become this project's (a framework's own
-``Trainer`` subclass, defined later, inherits from it), whose ``serialized_checkpoint_loading`` now defaults to the
-variable's value. A value the program passes itself, ``False`` included, is left as it is.
-"""
+"""``serialized-restore run`` and ``SERIALIZED_RESTORE``: every Lightning ``Trainer`` and ``Fabric`` of a job built
+with the serialized restore on by default, without a change to the program (``docs/launcher.md``). The launcher puts
+the bootstrap ``sitecustomize`` first on ``PYTHONPATH``; its import hook calls :func:`switch_on`."""
 
 from __future__ import annotations
 
@@ -20,37 +10,28 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from serialized_restore._flavour import flavour_of
 
 VARIABLE = "SERIALIZED_RESTORE"
-BOOTSTRAP = str(Path(__file__).resolve().with_name("_bootstrap"))
-"""The directory holding the bootstrap ``sitecustomize.py``."""
+BOOTSTRAP = os.path.join(os.path.dirname(os.path.realpath(__file__)), "_bootstrap")  # its ``sitecustomize.py``
 _PARAMETER = "serialized_checkpoint_loading"
-_ACCEPTED = (
-    "`1` (the local ranks of a node restore one at a time), a positive int k (at most k at once), `auto` (k chosen"
-    " per node from the memory available) or `0` (off, as unset)"
-)
 
-# what each Lightning package is given, once it has run: (our module, {module: names replaced there})
-_REPLACEMENTS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
-    "lightning": (
-        "serialized_restore.lightning",
-        {
-            "lightning": ("Trainer", "Fabric"),
-            "lightning.pytorch": ("Trainer",),
-            "lightning.pytorch.trainer": ("Trainer",),
-            "lightning.fabric": ("Fabric",),
-        },
-    ),
-    "pytorch_lightning": (
-        "serialized_restore.pytorch_lightning",
-        {"pytorch_lightning": ("Trainer",), "pytorch_lightning.trainer": ("Trainer",)},
-    ),
-    "lightning_fabric": ("serialized_restore.fabric", {"lightning_fabric": ("Fabric",)}),
+# the project's module for each Lightning package, and the names each of its classes takes once the module has run
+_OURS = {
+    "lightning": "serialized_restore.lightning",
+    "pytorch_lightning": "serialized_restore.pytorch_lightning",
+    "lightning_fabric": "serialized_restore.fabric",
+}
+_REPLACED: dict[str, dict[str, tuple[str, ...]]] = {
+    "serialized_restore.lightning": {
+        "Trainer": ("lightning", "lightning.pytorch", "lightning.pytorch.trainer"),
+        "Fabric": ("lightning", "lightning.fabric"),
+    },
+    "serialized_restore.pytorch_lightning": {"Trainer": ("pytorch_lightning", "pytorch_lightning.trainer")},
+    "serialized_restore.fabric": {"Fabric": ("lightning_fabric",)},
 }
 _announced = False
 
@@ -64,80 +45,61 @@ def parse(raw: str) -> bool | int | str:
     if text.isascii() and text.isdigit():
         k = int(text)
         return False if k == 0 else True if k == 1 else k
-    raise ValueError(f"`{VARIABLE}={raw!r}` is not supported. Accepted values: {_ACCEPTED}.")
+    raise ValueError(
+        f"`{VARIABLE}={raw!r}` is not supported. Accepted values: `1` (the local ranks of a node restore one at a"
+        " time), a positive int k (at most k at once), `auto` (k chosen per node from the memory available) or `0`"
+        " (off, as unset)."
+    )
 
 
-def switch_on(imported: str, raw: str, how: str) -> tuple[str, ...]:
-    """(each process, when it has imported a Lightning package or this project's module for it) Replace the
-    package's ``Trainer`` / ``Fabric`` with this project's, defaulting to the value ``SERIALIZED_RESTORE=raw`` stands
-    for; ``how`` (``"launcher"`` or ``"variable"``) is named in the log line.
-
-    Returns the modules done with: both, or none while this project's module is still being imported (it imports
-    the package first; the hook calls again when it is done). A malformed value raises ``ValueError`` from the import
-    of Lightning, in every process that imports it."""
-    package = next(p for p, (ours_name, _) in _REPLACEMENTS.items() if imported in (p, ours_name))
-    ours_name, targets = _REPLACEMENTS[package]
+def switch_on(imported: str, raw: str, launched: bool) -> None:
+    """(each process, once a Lightning package or the project's module for it has run) After the package, import the
+    module; after the module, give its classes the package's names, defaulting to the value ``SERIALIZED_RESTORE=raw``
+    stands for. A malformed value raises ``ValueError`` from the import of Lightning."""
     value = parse(raw)
     if value is False:
-        return (package, ours_name)
-    ours = sys.modules.get(ours_name) or importlib.import_module(ours_name)
-    if not all(hasattr(ours, name) for names in targets.values() for name in names):
-        return ()
-    by = f"by `serialized-restore run` ({VARIABLE}={raw})" if how == "launcher" else f"by {VARIABLE}={raw}"
-    for module, names in targets.items():
-        for name in names:
-            cls = getattr(ours, name)
-            _default_to(cls, value, by, fabric=name == "Fabric")
+        return
+    if imported in _OURS:
+        # while the module itself imports the package, this returns it unfinished: the hook calls again when it is done
+        importlib.import_module(_OURS[imported])
+        return
+    by = f"by `serialized-restore run` ({VARIABLE}={raw})" if launched else f"by {VARIABLE}={raw}"
+    for name, modules in _REPLACED[imported].items():
+        cls = getattr(sys.modules[imported], name)
+        _default_to(cls, value, by, fabric=name == "Fabric")
+        for module in modules:
             setattr(sys.modules[module], name, cls)
-    return (package, ours_name)
 
 
 def _default_to(cls: type, value: object, by: str, fabric: bool) -> None:
     """Make ``value`` the default of ``cls(serialized_checkpoint_loading=...)``, in its signature too (LightningCLI
-    builds its parser from it), and log on rank 0, once per process, what a construction used."""
+    builds its parser from it); the first construction in a process logs on rank 0 what it used."""
     init: Callable[..., None] = cls.__init__  # type: ignore[misc]  # the class's own, as built by its module
-    if getattr(init, "_serialized_restore_default", None) is not None:
-        return  # one class stands for several names (``lightning.Fabric``, ``lightning.fabric.Fabric``)
     signature = inspect.signature(init)
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        global _announced
         given = kwargs.setdefault(_PARAMETER, value)
         init(self, *args, **kwargs)
-        _announce(self, given, value, by, fabric)
+        if _announced:
+            return
+        _announced = True
+        owner = type(self).__name__
+        if given == value:
+            message = f"serialized restore: {owner}(serialized_checkpoint_loading={value!r}) switched on {by}"
+        else:
+            message = (
+                f"serialized restore: the program builds {owner}(serialized_checkpoint_loading={given!r}) itself,"
+                f" which wins over {value!r} set {by}"
+            )
+        # through Lightning's rank-zero logger, of the flavour the object comes from
+        flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=fabric)(message)
 
     parameters = [p.replace(default=value) if p.name == _PARAMETER else p for p in signature.parameters.values()]
     __init__.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-    __init__._serialized_restore_default = value  # type: ignore[attr-defined]
     del __init__.__wrapped__  # type: ignore[attr-defined]  # the signature is the one set above
     cls.__init__ = __init__  # type: ignore[misc]
-
-
-def _announce(built: Any, given: object, value: object, by: str, fabric: bool) -> None:
-    """(each process, once) Log through Lightning's rank-zero logger of the flavour ``built`` comes from."""
-    global _announced
-    if _announced:
-        return
-    _announced = True
-    owner = type(built).__name__
-    if given == value:
-        message = f"serialized restore: {owner}(serialized_checkpoint_loading={value!r}) switched on {by}"
-    else:
-        message = (
-            f"serialized restore: the program builds {owner}(serialized_checkpoint_loading={given!r}) itself, which"
-            f" wins over {value!r} set {by}"
-        )
-    flavour_of(built).import_("utilities.rank_zero", "rank_zero_info", fabric=fabric)(message)
-
-
-def launch_environment(environ: Mapping[str, str], value: str) -> dict[str, str]:
-    """``environ`` with ``SERIALIZED_RESTORE=value`` and the bootstrap directory first on ``PYTHONPATH``."""
-    env = dict(environ)
-    env[VARIABLE] = value
-    path = env.get("PYTHONPATH", "")
-    if path.split(os.pathsep)[0] != BOOTSTRAP:
-        env["PYTHONPATH"] = BOOTSTRAP + (os.pathsep + path if path else "")
-    return env
 
 
 _DESCRIPTION = f"""\
@@ -188,10 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         run.error("no command given")
-    value = "auto" if args.auto else str(args.k or 1)
+    env = {**os.environ, VARIABLE: "auto" if args.auto else str(args.k or 1)}
+    path = env.get("PYTHONPATH", "")
+    if path.split(os.pathsep)[0] != BOOTSTRAP:  # not twice for a launcher run under the launcher
+        env["PYTHONPATH"] = BOOTSTRAP + (os.pathsep + path if path else "")
     try:
-        os.execvpe(command[0], command, launch_environment(os.environ, value))
+        os.execvpe(command[0], command, env)
     except OSError as err:
         print(f"serialized-restore run: cannot run {command[0]!r}: {err.strerror}", file=sys.stderr)
         return 126 if isinstance(err, PermissionError) else 127
-    return 0  # pragma: no cover - execvpe does not return

@@ -178,6 +178,24 @@ def test_unknown_value_is_a_clear_error_where_lightning_is_imported(tmp_path: Pa
     assert _run([*bad, "print('ran')"], tmp_path) == "ran\n"
 
 
+def test_child_without_the_package_warns_once_and_runs_upstream(tmp_path: Path) -> None:
+    """A process where `serialized_restore` cannot be imported (another environment) warns once, however many Lightning
+    packages it imports, and keeps upstream's classes."""
+    code = (
+        "import sys\n"
+        "class Uninstalled:\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'serialized_restore':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(1, Uninstalled())\n"
+        "import pytorch_lightning, lightning\n"
+        "print(pytorch_lightning.Trainer.__module__, lightning.Fabric.__module__)\n"
+    )
+    output = _run([*LAUNCHER, "--", sys.executable, "-c", code], tmp_path)
+    assert output.count("SERIALIZED_RESTORE is set but `serialized_restore` is not installed for") == 1, output
+    assert "pytorch_lightning.trainer.trainer lightning.fabric.fabric" in output, output
+
+
 def test_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     """A `sitecustomize` of the user's on `PYTHONPATH` is imported after the bootstrap, which leaves `sys.path` as it
     was."""

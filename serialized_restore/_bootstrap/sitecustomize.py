@@ -1,13 +1,7 @@
-"""Imported by Python at startup in every process of a job that ``serialized-restore run`` starts.
+"""Imported by Python at startup in every process that ``serialized-restore run`` starts (``docs/launcher.md``).
 
-The launcher puts this directory first on ``PYTHONPATH`` (as ``opentelemetry-instrument`` and ``ddtrace-run`` do), so
-every Python process of the job, and every process those start (Lightning's launchers, ``torchrun``, ``mp.spawn``),
-runs this module before the program. With ``SERIALIZED_RESTORE`` set it registers an import hook and imports
-nothing else: a process that never imports Lightning is unchanged. When a process has imported ``lightning``,
-``pytorch_lightning`` or ``lightning_fabric``, the hook lets the package load as usual and then calls
-``serialized_restore._launch.switch_on``; it also watches the project's module for that package, which imports the
-package itself (``switch_on`` waits for whichever of the two finishes last). Then the ``sitecustomize`` this module
-shadows, if any, is imported, as Python would have imported it.
+With ``SERIALIZED_RESTORE`` set it registers an import hook and imports nothing else, so that a process that never
+imports Lightning is unchanged. Then it imports the ``sitecustomize`` it shadows, if any, as Python would have.
 """
 
 from __future__ import annotations
@@ -21,40 +15,32 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
-    from typing import Any
 
 _VARIABLE = "SERIALIZED_RESTORE"
-_WATCHED = (
-    "lightning",
-    "pytorch_lightning",
-    "lightning_fabric",
-    "serialized_restore.lightning",
-    "serialized_restore.pytorch_lightning",
-    "serialized_restore.fabric",
-)
+# the Lightning packages, and the project's module for each (which imports the package before it has run itself)
+_WATCHED = {"lightning", "pytorch_lightning", "lightning_fabric"}
+_WATCHED |= {"serialized_restore.lightning", "serialized_restore.pytorch_lightning", "serialized_restore.fabric"}
 _HERE = os.path.dirname(os.path.realpath(__file__))
 
 
 class _LightningImportHook:
-    """A meta path finder that finds the watched modules with the finders after it and switches the option on once
-    such a module has been executed (a Lightning package's ``Trainer`` and ``Fabric`` exist, the program has not seen
-    them yet)."""
+    """A meta path finder that lets the finders after it find a watched module, and calls
+    ``serialized_restore._launch.switch_on`` once the module has run, before the program sees it."""
 
-    def __init__(self, raw: str, how: str) -> None:
-        self.raw, self.how = raw, how
-        self.pending = set(_WATCHED)
+    def __init__(self, raw: str, launched: bool) -> None:
+        self.raw = raw
+        self.launched = launched
 
     def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> ModuleSpec | None:
-        if name not in self.pending:
+        if name not in _WATCHED:
             return None
         spec = None
         for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is not self and find is not None:
-                spec = find(name, path, target)
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
                 if spec is not None:
                     break
-        loader: Any = spec.loader if spec is not None else None
+        loader = getattr(spec, "loader", None)
         if loader is None or isinstance(loader, type) or not hasattr(loader, "exec_module"):
             return spec  # nothing to run after (a namespace package), or a loader shared by every module it loads
         upstream = loader.exec_module
@@ -62,36 +48,31 @@ class _LightningImportHook:
         def exec_module(module: ModuleType) -> None:
             del loader.exec_module  # the loader is as it was, whatever happens next
             upstream(module)
-            self._switch_on(name)
+            try:
+                from serialized_restore._launch import switch_on
+            except ModuleNotFoundError as err:
+                if err.name != "serialized_restore":
+                    raise
+                if self in sys.meta_path:  # warn once
+                    sys.meta_path.remove(self)
+                    warnings.warn(
+                        f"{_VARIABLE} is set but `serialized_restore` is not installed for {sys.executable}: {name}"
+                        " runs as upstream in this process.",
+                        stacklevel=2,
+                    )
+            else:
+                switch_on(name, self.raw, self.launched)
 
         # on the loader instance the import system calls, so the module's ``__loader__`` and spec stay upstream's
         loader.exec_module = exec_module
         return spec
-
-    def _switch_on(self, name: str) -> None:
-        try:
-            from serialized_restore._launch import switch_on
-        except ModuleNotFoundError as err:
-            if err.name != "serialized_restore":
-                raise
-            warnings.warn(
-                f"{_VARIABLE} is set but `serialized_restore` is not installed for {sys.executable}: {name} runs as"
-                " upstream in this process.",
-                stacklevel=3,
-            )
-            done: tuple[str, ...] = _WATCHED
-        else:
-            done = switch_on(name, self.raw, self.how)
-        self.pending.difference_update(done)
-        if not self.pending and self in sys.meta_path:
-            sys.meta_path.remove(self)
 
 
 def _start() -> None:
     raw = os.environ.get(_VARIABLE, "")
     if raw.strip() not in ("", "0"):
         launched = _HERE in (os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
-        sys.meta_path.insert(0, _LightningImportHook(raw, "launcher" if launched else "variable"))
+        sys.meta_path.insert(0, _LightningImportHook(raw, launched))
     # chain to the sitecustomize this one shadows: leave the path as it would be without this directory
     sys.path[:] = [p for p in sys.path if not p or os.path.realpath(p) != _HERE]
     this = sys.modules.pop("sitecustomize")
