@@ -8,17 +8,16 @@ from serialized_restore._options import PSUTIL_AVAILABLE
 def format_bytes(count: int) -> str:
     """``1.4 GiB``, ``35.2 KiB``, ``12 B``: a unit that fits, at every checkpoint size."""
     value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(value) < 1024:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{value:.1f} TiB"
+    return f"{value:.1f} GiB"
 
 
 def private_memory() -> int:
-    """This process's private (anonymous) resident memory in bytes, for the turns' log lines: ``RssAnon`` on Linux,
-    which leaves out pages of a memory-mapped checkpoint; the resident set size elsewhere (psutil), or 0 where
-    neither can be read."""
+    """This process's private resident memory in bytes: ``RssAnon`` on Linux (mapped file pages left out), else
+    the resident set size (psutil), or 0 where neither can be read."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
