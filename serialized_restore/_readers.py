@@ -48,14 +48,13 @@ def local_path(path: Any) -> str | None:
 def _not_a_checkpoint(path: Any) -> bool:
     """A local path with nothing there, or a file neither zip nor pickle: upstream's own error needs no reader line."""
     local = local_path(path)
-    if local is None or not os.path.lexists(local):
-        return local is not None
+    if local is None or not os.path.isfile(local):
+        return local is not None and not os.path.lexists(local)
     try:
         with open(local, "rb") as f:
-            head = f.read(4)
+            return not f.read(4).startswith((_ZIP_MAGIC, b"\x80"))
     except OSError:
         return False
-    return os.path.isfile(local) and not head.startswith(_ZIP_MAGIC) and not head.startswith(b"\x80")
 
 
 def path_unmappable_reason(path: Any) -> str | None:
