@@ -68,7 +68,9 @@ def load_full_checkpoint(
             " of optimizers or edit the checkpoint manually to remove states."
         )
     mapped = storages_of(optimizer_states)
-    load_optimizer_states(strategy, model, strategy.optimizers, optimizer_states, schedule, rekey=_keyed_by_name)
+    # Lightning's own re-keying (by parameter index to by name), as upstream's FSDP restore does it
+    rekey = flavour_of(strategy).import_("strategies.model_parallel", "_rekey_optimizer_state_if_needed", fabric=True)
+    load_optimizer_states(strategy, model, strategy.optimizers, optimizer_states, schedule, rekey=rekey)
     # what the optimizers keep of the mapped state (each parameter's `step`; with NO_SHARD, everything) becomes
     # private memory, as on Fabric's FSDP path: no training state stays backed by the file
     copy_kept_out_of_mapping(strategy.optimizers, mapped)
@@ -150,13 +152,3 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return trim
-
-
-def _keyed_by_name(state: dict[str, Any], model: Any) -> dict[str, Any]:
-    """Optimizer state keyed by parameter name, as FSDP loads it (a plain optimizer saves parameter indices)."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import OptimStateKeyType
-
-    if isinstance(next(iter(state["state"]), None), int):
-        return FSDP.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_NAME, model)
-    return state
