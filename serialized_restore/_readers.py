@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import fsspec
 import torch
 
 from serialized_restore._flavour import flavour_of
@@ -33,16 +34,11 @@ class LoadedCheckpoint:
 
 
 def local_path(path: Any) -> str | None:
-    """The checkpoint's path on the local file system, or ``None`` for a URL or a file-like object."""
-    if isinstance(path, os.PathLike):
-        path = os.fspath(path)
-    if not isinstance(path, str):
+    """The checkpoint's path on the local file system, or ``None`` for a URL or a file-like object; local as for
+    Lightning's ``_is_local_file_protocol`` (fsspec's protocol is ``file``)."""
+    if not isinstance(path, (str, os.PathLike)) or fsspec.utils.get_protocol(os.fspath(path)) != "file":
         return None
-    if path.startswith("file://"):
-        return path[len("file://") :]
-    if "://" in path:
-        return None
-    return path
+    return os.fspath(path).removeprefix("file://")
 
 
 def _not_a_checkpoint(path: Any) -> bool:
