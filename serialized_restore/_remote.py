@@ -19,8 +19,8 @@ from serialized_restore._memory import format_bytes
 from serialized_restore._options import TMPDIR_SETTING
 from serialized_restore._readers import local_path
 
+# the round of turns after the fetch in which every rank checks the path it was given (a refusal ends all ranks)
 STAGE_CHECK = "check local copy"
-"""The round of turns after the fetch in which every rank checks the path it was given (a refusal ends all ranks)."""
 
 PREFIX = "serialized-restore-"
 FILE_NAME = "checkpoint.ckpt"
@@ -156,15 +156,13 @@ class NodeLocalCopy:
         except OSError as err:
             raise PermissionError(f"{self._refusal(path)}: {err}.") from None
         uid = os.geteuid()
+        directory_mode = stat.S_IMODE(directory.st_mode)
         problems = [
             what
             for what, bad in (
                 ("its directory is not a directory (a symbolic link?)", not stat.S_ISDIR(directory.st_mode)),
                 (f"its directory is owned by uid {directory.st_uid}, not {uid}", directory.st_uid != uid),
-                (
-                    f"its directory has mode {stat.S_IMODE(directory.st_mode):04o}, not 0700",
-                    stat.S_IMODE(directory.st_mode) != 0o700,
-                ),
+                (f"its directory has mode {directory_mode:04o}, not 0700", directory_mode != 0o700),
                 ("it is not a regular file", not stat.S_ISREG(file.st_mode)),
                 (f"it is owned by uid {file.st_uid}, not {uid}", file.st_uid != uid),
                 (f"it has mode {stat.S_IMODE(file.st_mode):04o}", stat.S_IMODE(file.st_mode) & 0o077),
