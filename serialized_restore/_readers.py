@@ -162,11 +162,8 @@ def _strided_tensors(obj: Any) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         if obj.layout is torch.strided:
             yield obj
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _strided_tensors(item)
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
+    elif isinstance(obj, (dict, list, tuple)):
+        for item in obj.values() if isinstance(obj, dict) else obj:
             yield from _strided_tensors(item)
 
 
