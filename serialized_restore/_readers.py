@@ -213,8 +213,10 @@ def copy_out_of_mapping(containers: list[Any], mapped: set[int]) -> int:
         for group in by_storage.values():
             tensors = list(group.values())
             if len(tensors) == 1:
-                copied += tensors[0].nbytes
-                tensors[0].set_(tensors[0].clone())
+                # a lone tensor may use only part of its storage: its own elements are copied
+                clone = tensors[0].clone()
+                copied += clone.nbytes
+                tensors[0].set_(clone.untyped_storage(), clone.storage_offset(), clone.size(), clone.stride())
                 continue
             private = tensors[0].untyped_storage().clone()
             copied += private.nbytes()
