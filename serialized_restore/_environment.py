@@ -7,7 +7,6 @@ tuned without changing its code.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 from serialized_restore._options import READERS, SerializedLoading, settings_of
@@ -22,16 +21,14 @@ ENVIRONMENT_OVERRIDES = {
 }
 
 
-def options_from(
-    value: object, owner: str = "Trainer", environ: Mapping[str, str] = os.environ
-) -> SerializedLoading | None:
+def options_from(value: object, owner: str = "Trainer") -> SerializedLoading | None:
     """:func:`~serialized_restore._options.settings_of` ``value``, with the fields the environment sets overridden;
     a malformed variable raises ``ValueError`` naming it."""
     if value is False:
         return None
     overrides: dict[str, Any] = {}
     for name, field in ENVIRONMENT_OVERRIDES.items():
-        raw = environ.get(name, "").strip()
+        raw = os.environ.get(name, "").strip()
         if raw:
             overrides[field] = _parse(name, field, raw)
     return settings_of(value, owner, **overrides)
