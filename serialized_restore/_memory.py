@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from serialized_restore._options import PSUTIL_AVAILABLE
-
 
 def format_bytes(count: int) -> str:
     """``1.4 GiB``, ``35.2 KiB``, ``12 B``: a unit that fits, at every checkpoint size."""
@@ -16,8 +14,8 @@ def format_bytes(count: int) -> str:
 
 
 def private_memory() -> int:
-    """This process's private resident memory in bytes: ``RssAnon`` on Linux (mapped file pages left out), else
-    the resident set size (psutil), or 0 where neither can be read."""
+    """This process's private resident memory in bytes: ``RssAnon`` (mapped file pages left out), or 0 where
+    ``/proc`` cannot be read (the package supports Linux only)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -25,8 +23,4 @@ def private_memory() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    if not PSUTIL_AVAILABLE:
-        return 0
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
+    return 0

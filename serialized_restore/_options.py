@@ -17,7 +17,7 @@ HEARTBEAT_TIMEOUT_SETTING = "`SerializedLoading(heartbeat_timeout=...)`"
 READER_SETTING = "`SerializedLoading(reader=...)`"
 TMPDIR_SETTING = "`SerializedLoading(tmpdir=...)`"
 AVAILABLE_MEMORY_SETTING = "`SerializedLoading(available_memory=...)`"
-# measures the memory "auto" assumes available (unless given), and a process's memory where /proc cannot be read
+# measures the memory "auto" assumes available (unless given)
 PSUTIL_AVAILABLE = RequirementCache("psutil")
 READERS = ("auto", "mmap", "eager")
 
