@@ -213,10 +213,8 @@ def copy_out_of_mapping(containers: list[Any], mapped: set[int]) -> int:
         for group in by_storage.values():
             tensors = list(group.values())
             if len(tensors) == 1:
-                # a lone tensor may use only part of its storage: its own elements are copied
-                clone = tensors[0].clone()
-                copied += clone.nbytes
-                tensors[0].set_(clone.untyped_storage(), clone.storage_offset(), clone.size(), clone.stride())
+                copied += tensors[0].nbytes
+                tensors[0].set_(tensors[0].clone())
                 continue
             private = tensors[0].untyped_storage().clone()
             copied += private.nbytes()
