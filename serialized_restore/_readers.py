@@ -200,24 +200,43 @@ def optimizer_containers(optimizers: list[Any]) -> list[Any]:
 
 
 def copy_out_of_mapping(containers: list[Any], mapped: set[int]) -> int:
-    """Move every tensor in ``containers`` whose storage is one of ``mapped`` into private memory; the bytes copied.
-    Each tensor is re-pointed in place (``set_``), so every reference to it sees the copy; views of one storage are
-    copied as one storage and stay views of one another."""
+    """Replace, in place, every tensor in ``containers`` whose storage is one of ``mapped`` by a private copy; the
+    bytes copied. A tensor reachable twice is copied once; views of one storage stay views of one copy."""
     by_storage: dict[int, dict[int, torch.Tensor]] = {}
     for container in containers:
         for tensor in _strided_tensors(container):
             if (storage_ptr := tensor.untyped_storage().data_ptr()) in mapped:
                 by_storage.setdefault(storage_ptr, {})[id(tensor)] = tensor
+    copies: dict[int, torch.Tensor] = {}
     copied = 0
-    with torch.no_grad():
-        for group in by_storage.values():
-            tensors = list(group.values())
-            if len(tensors) == 1:
-                copied += tensors[0].nbytes
-                tensors[0].set_(tensors[0].clone())
-                continue
-            private = tensors[0].untyped_storage().clone()
-            copied += private.nbytes()
-            for tensor in tensors:
-                tensor.set_(private, tensor.storage_offset(), tensor.size(), tensor.stride())
+    for group in by_storage.values():
+        tensors = list(group.values())
+        if len(tensors) == 1:
+            copies[id(tensors[0])] = tensors[0].clone()
+            copied += tensors[0].nbytes
+            continue
+        storage = tensors[0].untyped_storage()
+        private = storage.clone()
+        copied += storage.nbytes()
+        for tensor in tensors:
+            view = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+            copies[id(tensor)] = view.set_(private, tensor.storage_offset(), tensor.size(), tensor.stride())
+
+    def replace(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return copies.get(id(value), value)
+        if isinstance(value, dict):
+            for key in list(value):
+                value[key] = replace(value[key])
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                value[i] = replace(item)
+        elif isinstance(value, tuple):
+            items = [replace(item) for item in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        return value
+
+    if copies:
+        for container in containers:
+            replace(container)
     return copied
