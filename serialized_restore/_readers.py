@@ -85,10 +85,7 @@ class MmapCheckpointIOMixin:
         _accept_in_every_imported_flavour(type(self))
 
     def load_checkpoint(
-        self,
-        path: Any,
-        map_location: Any = lambda storage, loc: storage,
-        weights_only: bool | None = None,
+        self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
     ) -> dict[str, Any]:
         # on global rank zero, through Lightning's logger: shown where Lightning's own INFO lines are
         info = flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=True)
