@@ -1,10 +1,9 @@
 """Serialized checkpoint restore for the Lightning Trainer.
 
-``from serialized_restore import Trainer`` gives the ``pytorch_lightning`` flavour;
-``from serialized_restore.lightning import Trainer`` gives the ``lightning.pytorch`` one. Both are the upstream
-``Trainer`` plus one argument, ``serialized_checkpoint_loading`` (``True``, a positive int, ``"auto"`` or a
-:class:`SerializedLoading` holding every setting). ``MmapCheckpointIO`` is a ``CheckpointIO`` plugin
-that loads local checkpoints memory-mapped, in the same two flavours.
+``from serialized_restore import Trainer`` gives the ``pytorch_lightning`` flavour and
+``from serialized_restore.lightning import Trainer`` the ``lightning.pytorch`` one: upstream's ``Trainer`` plus
+``serialized_checkpoint_loading`` (``True``, a positive int, ``"auto"`` or a :class:`SerializedLoading`).
+``MmapCheckpointIO``, in both flavours, is a ``CheckpointIO`` plugin that loads local checkpoints memory-mapped.
 """
 
 from typing import Any

@@ -1,9 +1,6 @@
 """What is wrong with a checkpoint file that failed to load, in words, from a cheap look at its bytes.
 
-Used once, by the rank whose turn failed (``_errors.failure_from_exception``), so that the error every rank raises
-says what the file is before the low-level message, which for a damaged file can be long and misleading. Reads at
-most the file's first bytes, the end of its zip archive and the archive's small records: never the tensors, never
-unpickles anything.
+Reads at most the file's first bytes and the archive's small records: never the tensors, never unpickles anything.
 """
 
 from __future__ import annotations
@@ -11,15 +8,16 @@ from __future__ import annotations
 import os
 import zipfile
 
+from serialized_restore._readers import local_path
+
 # small archive members worth a checksum test: the pickle and torch's format records
 _CHECKED_MEMBERS = ("data.pkl", ".format_version", "version", "byteorder", ".storage_alignment")
 _CHECKED_MEMBER_BYTES = 64 * 2**20
 
 
 def explain_failure(checkpoint_path: str, err: BaseException) -> str | None:
-    """What a failed load of ``checkpoint_path`` most likely means, or ``None`` when the file looks like a sound
-    checkpoint, so that the original message stands alone (a ``strict`` mismatch, an exception in a hook, a refused
-    pickle)."""
+    """What a failed load of ``checkpoint_path`` most likely means, or ``None`` when the file looks sound (a
+    ``strict`` mismatch, an exception in a hook, a refused pickle): the original message then stands alone."""
     problem = file_problem(checkpoint_path)
     if problem is not None:
         if "weights_only" in str(err):
@@ -41,9 +39,9 @@ def explain_failure(checkpoint_path: str, err: BaseException) -> str | None:
 def file_problem(path: str) -> str | None:
     """What is wrong with the file at ``path`` itself, or ``None`` if nothing cheap to see is (a sound zip archive,
     torch's legacy pickle format, or a remote path, which a look would read)."""
-    if "://" in path and not path.startswith("file://"):
+    local = local_path(path)
+    if local is None:
         return None
-    local = path[len("file://") :] if path.startswith("file://") else path
     if not os.path.lexists(local):
         where = "" if os.path.isabs(local) else f" (relative to the working directory {os.getcwd()!r})"
         return f"{path!r} does not exist{where}."

@@ -1,8 +1,5 @@
-"""Which Lightning package a Trainer comes from: ``lightning.pytorch`` or ``pytorch_lightning``.
-
-The two distributions ship the same code under two names. The package's logic is written once and looks up the few
-Lightning classes it needs in the flavour of the object it works on, so a user of either import gets classes of the
-package they use.
+"""Which Lightning package an object comes from, ``lightning`` or ``pytorch_lightning``/``lightning_fabric``: the
+package's logic is written once and imports the Lightning names it needs from the flavour of the object it works on.
 """
 
 from __future__ import annotations
@@ -14,10 +11,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Flavour:
-    pytorch: str
-    """``"lightning.pytorch"`` or ``"pytorch_lightning"``."""
-    fabric: str
-    """``"lightning.fabric"`` or ``"lightning_fabric"``."""
+    pytorch: str  # "lightning.pytorch" or "pytorch_lightning"
+    fabric: str  # "lightning.fabric" or "lightning_fabric"
 
     def import_(self, module: str, name: str, fabric: bool = False) -> Any:
         root = self.fabric if fabric else self.pytorch

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-from serialized_restore._options import PSUTIL_AVAILABLE
-
 
 def format_bytes(count: int) -> str:
     """``1.4 GiB``, ``35.2 KiB``, ``12 B``: a unit that fits, at every checkpoint size."""
     value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(value) < 1024:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{value:.1f} TiB"
+    return f"{value:.1f} GiB"
 
 
 def private_memory() -> int:
-    """This process's private (anonymous) resident memory in bytes, for the turns' log lines: ``RssAnon`` on Linux,
-    which leaves out pages of a memory-mapped checkpoint; the resident set size elsewhere (psutil), or 0 where
-    neither can be read."""
+    """This process's private resident memory in bytes: ``RssAnon`` (mapped file pages left out), or 0 where
+    ``/proc`` cannot be read (the package supports Linux only)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -26,8 +23,4 @@ def private_memory() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    if not PSUTIL_AVAILABLE:
-        return 0
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
+    return 0

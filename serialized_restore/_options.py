@@ -17,45 +17,31 @@ HEARTBEAT_TIMEOUT_SETTING = "`SerializedLoading(heartbeat_timeout=...)`"
 READER_SETTING = "`SerializedLoading(reader=...)`"
 TMPDIR_SETTING = "`SerializedLoading(tmpdir=...)`"
 AVAILABLE_MEMORY_SETTING = "`SerializedLoading(available_memory=...)`"
+# measures the memory "auto" assumes available (unless given)
 PSUTIL_AVAILABLE = RequirementCache("psutil")
-"""psutil measures a process's memory where ``/proc`` cannot be read, and the memory ``"auto"`` assumes available
-(unless it is given)."""
-
-DEFAULT_TURN_TIMEOUT = 1800.0
-DEFAULT_HEARTBEAT_TIMEOUT = 60.0
 READERS = ("auto", "mmap", "eager")
-
-_ACCEPTED = (
-    '`False`, `True`, a positive int (the most local ranks of a node that restore at once), `"auto"` (chosen from'
-    " the memory available) or a `SerializedLoading(...)`"
-)
 
 
 @dataclass(frozen=True)
 class SerializedLoading:
     """The settings of a serialized restore as one typed object:
     ``Trainer(serialized_checkpoint_loading=SerializedLoading(max_concurrent=2, turn_timeout=600))``.
-
-    ``True`` means ``SerializedLoading()`` and a positive int ``k`` means ``SerializedLoading(max_concurrent=k)``.
-
-    Raises:
-        ValueError: a field out of range, naming it and what is accepted.
+    ``True`` means ``SerializedLoading()``, a positive int ``k`` ``SerializedLoading(max_concurrent=k)``. A field out
+    of range raises ``ValueError`` naming it.
     """
 
     max_concurrent: int | Literal["auto"] = 1
-    """The most local ranks of a node that restore at once (``1``: one at a time), or ``"auto"`` (what
-    ``serialized_checkpoint_loading="auto"`` means) to choose it per node from the memory available when the restore
-    starts."""
+    """The most local ranks of a node that restore at once, or ``"auto"``: chosen per node from the memory available
+    when the restore starts."""
     reader: Literal["auto", "mmap", "eager"] = "auto"
     """How a rank reads the file: ``"auto"`` (memory-mapped where the file allows it, else as upstream reads it),
     ``"mmap"`` (the same, logging why when it cannot), ``"eager"`` (always as upstream reads it)."""
-    turn_timeout: float = DEFAULT_TURN_TIMEOUT
+    turn_timeout: float = 1800.0
     """Seconds a waiting rank waits while no turn of its node starts or ends."""
-    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    heartbeat_timeout: float = 60.0
     """Seconds after which a silent rank on another machine counts as dead."""
     tmpdir: str | None = None
-    """The directory for the per-node local copy of a remote checkpoint; ``None``: the system's temporary
-    directory."""
+    """The directory for the per-node copy of a remote checkpoint; ``None``: the system's temporary directory."""
     available_memory: int | None = None
     """Bytes of host memory ``"auto"`` assumes available on each node, instead of measuring it (with psutil) when the
     restore starts; ``None``: measured."""
@@ -81,14 +67,9 @@ class SerializedLoading:
 
 
 def settings_of(value: object, owner: str = "Trainer", **overrides: Any) -> SerializedLoading | None:
-    """The :class:`SerializedLoading` that ``value`` stands for, with the fields in ``overrides`` replaced; ``None``
-    for ``False`` (the option off).
-
-    Raises:
-        ValueError: ``value`` is none of the accepted values, quoting it and ``owner`` (``"Trainer"`` or
-            ``"Fabric"``, the class it was given to).
-        ModuleNotFoundError: ``"auto"`` would measure the memory available, and psutil is not installed.
-    """
+    """The :class:`SerializedLoading` that ``value`` stands for, with ``overrides`` replaced; ``None`` for ``False``.
+    Raises ``ValueError`` quoting ``value`` and ``owner`` (``"Trainer"`` or ``"Fabric"``) for any other value, and
+    ``ModuleNotFoundError`` when ``"auto"`` would measure the memory available without psutil."""
     if value is False:
         return None
     if isinstance(value, SerializedLoading):
@@ -101,7 +82,9 @@ def settings_of(value: object, owner: str = "Trainer", **overrides: Any) -> Seri
         settings = SerializedLoading(max_concurrent=k)
     else:
         raise ValueError(
-            f"`{owner}(serialized_checkpoint_loading={value!r})` is not supported. Accepted values: {_ACCEPTED}."
+            f"`{owner}(serialized_checkpoint_loading={value!r})` is not supported. Accepted values: `False`, `True`,"
+            ' a positive int (the most local ranks of a node that restore at once), `"auto"` (chosen from the memory'
+            " available) or a `SerializedLoading(...)`."
         )
     if overrides:
         settings = dataclasses.replace(settings, **overrides)

@@ -1,16 +1,8 @@
-"""How checkpoint bytes are read: memory-mapped where possible, else through the strategy's ``CheckpointIO``.
+"""How checkpoint bytes are read (``docs/design.md``, *Readers*); the turn schedule (``_turns.py``) decides when.
 
-The turn schedule (``_turns.py``) decides *when* a rank reads; this module decides *how*.
-
-* ``mmap``: ``torch.load(path, mmap=True, weights_only=...)``. Tensors are views of the file's pages in the page
-  cache: clean, shared by every process on the node that maps the same file, and dropped by the kernel under
-  pressure. Nothing of the checkpoint is copied into a rank's private (anonymous) memory until the rank copies it
-  into its model or optimizer. Used only for a local, zip-format file read by Lightning's stock
-  ``TorchCheckpointIO``, since a custom ``CheckpointIO`` may do anything.
-* ``eager``: ``strategy.load_checkpoint(path, weights_only=...)``, exactly what upstream Lightning does: the whole
-  file is unpickled into the rank's private memory.
-
-Both pass ``weights_only`` through unchanged, so its meaning is upstream's.
+``mmap``: ``torch.load(path, mmap=True)``, for a local zip-format file read by the stock ``TorchCheckpointIO`` (a
+custom ``CheckpointIO`` may do anything). ``eager``: the strategy's own load, as upstream. Both pass ``weights_only``
+through unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import fsspec
 import torch
 
 from serialized_restore._flavour import flavour_of
@@ -41,37 +34,23 @@ class LoadedCheckpoint:
 
 
 def local_path(path: Any) -> str | None:
-    """The checkpoint's path on the local file system, or ``None`` for a URL or a file-like object."""
-    if isinstance(path, os.PathLike):
-        path = os.fspath(path)
-    if not isinstance(path, str):
+    """The checkpoint's path on the local file system, or ``None`` for a URL or a file-like object; local as for
+    Lightning's ``_is_local_file_protocol`` (fsspec's protocol is ``file``)."""
+    if not isinstance(path, (str, os.PathLike)) or fsspec.utils.get_protocol(os.fspath(path)) != "file":
         return None
-    if path.startswith("file://"):
-        return path[len("file://") :]
-    if "://" in path:
-        return None
-    return path
+    return os.fspath(path).removeprefix("file://")
 
 
 def _not_a_checkpoint(path: Any) -> bool:
-    """Whether ``path`` is a local path with nothing there, or a file that is neither a zip archive nor a pickle (not a
-    checkpoint of any format): reading it raises upstream's own error, which needs no word about readers before it."""
+    """A local path with nothing there, or a file neither zip nor pickle: upstream's own error needs no reader line."""
     local = local_path(path)
-    if local is None or not os.path.lexists(local):
-        return local is not None
+    if local is None or not os.path.isfile(local):
+        return local is not None and not os.path.lexists(local)
     try:
         with open(local, "rb") as f:
-            head = f.read(4)
+            return not f.read(4).startswith((_ZIP_MAGIC, b"\x80"))
     except OSError:
         return False
-    return os.path.isfile(local) and not head.startswith(_ZIP_MAGIC) and not head.startswith(b"\x80")
-
-
-def _file_size(path: str | None) -> int:
-    try:
-        return os.path.getsize(path) if path is not None else 0
-    except OSError:
-        return 0
 
 
 def path_unmappable_reason(path: Any) -> str | None:
@@ -87,15 +66,6 @@ def path_unmappable_reason(path: Any) -> str | None:
     return None
 
 
-def mmap_unsupported_reason(strategy: Any, path: Any) -> str | None:
-    """Why ``path`` cannot be memory-mapped for ``strategy``, or ``None`` if it can."""
-    checkpoint_io = strategy.checkpoint_io
-    stock = flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True)
-    if type(checkpoint_io) is not stock and not isinstance(checkpoint_io, MmapCheckpointIOMixin):
-        return f"the strategy's CheckpointIO is {type(checkpoint_io).__name__}, not TorchCheckpointIO"
-    return path_unmappable_reason(path)
-
-
 def load_mmap(path: Any, map_location: Any, weights_only: bool | None) -> Any:
     """``torch.load`` of a local zip checkpoint, memory-mapped; ``map_location`` and ``weights_only`` as given."""
     local = local_path(path)
@@ -106,10 +76,8 @@ def load_mmap(path: Any, map_location: Any, weights_only: bool | None) -> Any:
 class MmapCheckpointIOMixin:
     """Loads local zip-format checkpoints memory-mapped; mixed into Lightning's ``TorchCheckpointIO``.
 
-    Every process that maps the same file shares its clean pages in the page cache instead of holding a private
-    copy, so N ranks on a node cost about 1 x S of (reclaimable) page cache rather than N x S of private memory.
-    Legacy (non-zip) files, non-local paths and file-like objects are read as ``TorchCheckpointIO`` reads them,
-    with one INFO line saying why. ``weights_only`` is passed to ``torch.load`` unchanged.
+    The ranks of a node share the file's clean pages in the page cache instead of each holding a private copy.
+    Legacy (non-zip) files, non-local paths and file-like objects are read eagerly, with one INFO line saying why.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -117,10 +85,7 @@ class MmapCheckpointIOMixin:
         _accept_in_every_imported_flavour(type(self))
 
     def load_checkpoint(
-        self,
-        path: Any,
-        map_location: Any = lambda storage, loc: storage,
-        weights_only: bool | None = None,
+        self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
     ) -> dict[str, Any]:
         # on global rank zero, through Lightning's logger: shown where Lightning's own INFO lines are
         info = flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=True)
@@ -132,20 +97,12 @@ class MmapCheckpointIOMixin:
             return load_mmap(path, map_location, weights_only)
         if not _not_a_checkpoint(path):
             info(f"MmapCheckpointIO: reading {path!r} eagerly instead of memory-mapped: {reason}.")
-        return super().load_checkpoint(  # type: ignore[misc]
-            path, map_location=map_location, weights_only=weights_only
-        )
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)  # type: ignore[misc]
 
 
 def _accept_in_every_imported_flavour(cls: type) -> None:
-    """Make ``cls`` a ``CheckpointIO`` of each Lightning flavour imported so far, not only of its own.
-
-    The plugin of the ``pytorch_lightning`` flavour derives from that distribution's ``TorchCheckpointIO``; given to
-    ``lightning.pytorch.Trainer(plugins=[...])`` it would be refused ("Found invalid type for plugin"), since the two
-    distributions ship separate classes. Both flavours' ``CheckpointIO`` are abstract base classes and the plugin's
-    code is the same in both, so it is registered as a virtual subclass of the other flavour's ``CheckpointIO`` (only
-    of a flavour the program has imported: a user passing it to a Trainer has imported that Trainer's flavour).
-    """
+    """Register ``cls`` as a virtual subclass of every imported flavour's ``CheckpointIO`` (an ABC): the other
+    flavour's Trainer would otherwise refuse the plugin ("Found invalid type for plugin")."""
     for fabric in ("lightning.fabric.plugins.io.checkpoint_io", "lightning_fabric.plugins.io.checkpoint_io"):
         module = sys.modules.get(fabric)
         base = getattr(module, "CheckpointIO", None)
@@ -154,13 +111,15 @@ def _accept_in_every_imported_flavour(cls: type) -> None:
 
 
 def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, str | None]:
-    """The one rule for how a rank reads ``path``: ``("mmap", None)`` where ``requested`` (``"auto"``, ``"mmap"``
-    or ``"eager"``) allows it and the file can be memory-mapped for ``strategy``, else ``("eager", why)``, ``why``
-    being ``None`` when eager reading was requested or when there is no checkpoint to read (the eager read raises
-    upstream's error). ``"auto"``'s memory estimate uses it before anything is read."""
+    """How a rank reads ``path``: ``("mmap", None)`` where ``requested`` allows it and the file can be mapped, else
+    ``("eager", why)``; ``why`` is ``None`` when eager was requested or there is no checkpoint to read."""
     if requested == "eager" or _not_a_checkpoint(path):
         return "eager", None
-    reason = mmap_unsupported_reason(strategy, path)
+    checkpoint_io = strategy.checkpoint_io
+    stock = flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True)
+    if type(checkpoint_io) is not stock and not isinstance(checkpoint_io, MmapCheckpointIOMixin):
+        return "eager", f"the strategy's CheckpointIO is {type(checkpoint_io).__name__}, not TorchCheckpointIO"
+    reason = path_unmappable_reason(path)
     return ("mmap", None) if reason is None else ("eager", reason)
 
 
@@ -172,32 +131,25 @@ def read_checkpoint(
     logger: logging.Logger = log,
     read_eagerly: Callable[..., Any] | None = None,
 ) -> LoadedCheckpoint:
-    """(one rank, inside its turn) Read the whole checkpoint with the reader ``choose_reader`` picks.
-
-    ``reader`` is ``"auto"`` or ``"mmap"`` (memory-mapped when possible, else eager, saying why at INFO on
-    ``logger``: the connector passes Lightning's ``serialized_restore`` logger) or ``"eager"``.
-    Eager reading calls ``read_eagerly(path, weights_only=...)``: by default the Trainer strategy's
-    ``load_checkpoint``; Fabric passes its strategy's ``checkpoint_io.load_checkpoint``.
-
-    Memory: memory-mapped, the rank's private memory grows by nothing but the unpickled containers (the tensors are
-    views of the file's pages in the page cache); eager, by the whole checkpoint (about the file's size).
-    """
+    """(one rank, inside its turn) Read the whole checkpoint with the reader :func:`choose_reader` picks, saying on
+    ``logger`` why not memory-mapped if so. Eager reading calls ``read_eagerly`` (default: the strategy's
+    ``load_checkpoint``). Memory-mapped, private memory grows by the unpickled containers only; eager, by the file."""
     chosen, reason = choose_reader(strategy, path, reader)
     if chosen == "mmap":
         # as TorchCheckpointIO: keep the device each tensor was saved from
         checkpoint = load_mmap(path, lambda storage, loc: storage, weights_only)
-        return LoadedCheckpoint(checkpoint, "mmap", _file_size(local_path(path)))
-    if reason is not None:
-        logger.info(f"Reading {path!r} eagerly instead of memory-mapped: {reason}.")
-    checkpoint = (read_eagerly or strategy.load_checkpoint)(path, weights_only=weights_only)
-    return LoadedCheckpoint(checkpoint, "eager", _file_size(local_path(path)))
+    else:
+        if reason is not None:
+            logger.info(f"Reading {path!r} eagerly instead of memory-mapped: {reason}.")
+        checkpoint = (read_eagerly or strategy.load_checkpoint)(path, weights_only=weights_only)
+    local = local_path(path)
+    size = os.path.getsize(local) if local is not None and os.path.isfile(local) else 0
+    return LoadedCheckpoint(checkpoint, chosen, size)
 
 
 def wait_for_device_copies() -> None:
-    """(one rank) Wait until the copies queued on the current CUDA stream are done, before the checkpoint's host
-    memory (for a memory-mapped file, the mapping itself) is dropped: a host-to-device copy may still be reading it,
-    and on machines with unified memory CUDA may not stage a pageable copy through a buffer of its own. Does nothing
-    where CUDA is not initialised (nothing was copied to a GPU)."""
+    """(one rank) Wait for the copies queued on the current CUDA stream before the checkpoint's host memory (or
+    mapping) is dropped: a host-to-device copy may still read it (unified memory may not stage it)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.current_stream().synchronize()
 
@@ -207,11 +159,8 @@ def _strided_tensors(obj: Any) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         if obj.layout is torch.strided:
             yield obj
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _strided_tensors(item)
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
+    elif isinstance(obj, (dict, list, tuple)):
+        for item in obj.values() if isinstance(obj, dict) else obj:
             yield from _strided_tensors(item)
 
 
@@ -221,20 +170,13 @@ def storages_of(obj: Any) -> set[int]:
 
 
 def copy_kept_out_of_mapping(optimizers: list[Any], mapped: set[int]) -> int:
-    """Copy into private memory every tensor an optimizer kept from the memory-mapped checkpoint; the bytes copied.
-
-    ``mapped`` are the storages of the mapped optimizer state handed to ``load_state_dict``. Only what the optimizer
-    still holds afterwards is copied: state ``load_state_dict`` moved to another device (a GPU) is a copy already, and
-    state it dropped (a ZeRO or fairscale ``OSS`` rank keeps only its own shard) is freed with the checkpoint dict.
-    Looked at: :func:`optimizer_containers`. A tensor reachable twice is copied once and replaced everywhere; tensors
-    that are views of one storage are copied as one storage, so that they stay views of one another.
-    """
+    """Copy into private memory what the optimizers kept of the mapped state (storages ``mapped``); the bytes
+    copied. What ``load_state_dict`` moved to a GPU or dropped (another rank's shard) is not copied."""
     return copy_out_of_mapping(optimizer_containers(optimizers), mapped)
 
 
 def optimizer_containers(optimizers: list[Any]) -> list[Any]:
-    """Where optimizers keep tensors: each optimizer's ``state`` and ``param_groups``, and those of the optimizers
-    it wraps, at any depth (the ``optim`` of ``ZeroRedundancyOptimizer`` and ``OSS``)."""
+    """Each optimizer's ``state`` and ``param_groups``, and those of optimizers it wraps (ZeRO's, OSS's ``optim``)."""
     containers: list[Any] = []
     seen: set[int] = set()
 
@@ -255,21 +197,17 @@ def optimizer_containers(optimizers: list[Any]) -> list[Any]:
 
 
 def copy_out_of_mapping(containers: list[Any], mapped: set[int]) -> int:
-    """Replace, in place, every strided tensor in ``containers`` (dicts and lists, and tuples in them, which are
-    rebuilt) whose storage is one of ``mapped`` by a private copy; the bytes copied. A tensor reachable twice is
-    copied once; tensors that are views of one storage are copied as one storage and stay views of one another."""
-    kept = {
-        id(tensor): tensor
-        for container in containers
-        for tensor in _strided_tensors(container)
-        if tensor.untyped_storage().data_ptr() in mapped
-    }
-    by_storage: dict[int, list[torch.Tensor]] = {}
-    for tensor in kept.values():
-        by_storage.setdefault(tensor.untyped_storage().data_ptr(), []).append(tensor)
+    """Replace, in place, every tensor in ``containers`` whose storage is one of ``mapped`` by a private copy; the
+    bytes copied. A tensor reachable twice is copied once; views of one storage stay views of one copy."""
+    by_storage: dict[int, dict[int, torch.Tensor]] = {}
+    for container in containers:
+        for tensor in _strided_tensors(container):
+            if (storage_ptr := tensor.untyped_storage().data_ptr()) in mapped:
+                by_storage.setdefault(storage_ptr, {})[id(tensor)] = tensor
     copies: dict[int, torch.Tensor] = {}
     copied = 0
-    for tensors in by_storage.values():
+    for group in by_storage.values():
+        tensors = list(group.values())
         if len(tensors) == 1:
             copies[id(tensors[0])] = tensors[0].clone()
             copied += tensors[0].nbytes

@@ -1,14 +1,8 @@
 """Remote (fsspec) checkpoints: fetched once per node into a private temporary directory, removed after the restore.
 
-Upstream Lightning reads a remote checkpoint on every rank: N downloads per node, and no memory mapping. With
-``serialized_checkpoint_loading`` on, local rank 0 of each node downloads the file during a first round of turns
-(``"fetch checkpoint"``), the other ranks of the node wait for it, every rank restores from the local copy (which
-can then be memory-mapped), and local rank 0 removes it when the restore ends, also when it fails.
-
-The copy lives in a directory that local rank 0 creates for this one restore with :func:`tempfile.mkdtemp` (mode
-0700, an unpredictable name) inside ``SerializedLoading.tmpdir`` or the system's temporary directory, so that no
-other user of the node can read it, replace it or plant a file in its place. The node's other ranks learn its path
-through the job's store, as plain JSON, and check it before they read (see ``docs/security.md``).
+Local rank 0 of each node downloads the file in a first round of turns, into a directory :func:`tempfile.mkdtemp`
+creates for this restore; the node's other ranks learn its path through the store and check it before they read
+(``docs/security.md``). Upstream downloads on every rank instead.
 """
 
 from __future__ import annotations
@@ -25,8 +19,8 @@ from serialized_restore._memory import format_bytes
 from serialized_restore._options import TMPDIR_SETTING
 from serialized_restore._readers import local_path
 
+# the round of turns after the fetch in which every rank checks the path it was given (a refusal ends all ranks)
 STAGE_CHECK = "check local copy"
-"""The round of turns after the fetch in which every rank checks the path it was given (a refusal ends all ranks)."""
 
 PREFIX = "serialized-restore-"
 FILE_NAME = "checkpoint.ckpt"
@@ -39,15 +33,9 @@ def is_remote(path: Any) -> bool:
     return isinstance(path, (str, os.PathLike)) and local_path(path) is None
 
 
-def fetch_directory() -> str:
-    """Where local copies go when no directory is set: the system's temporary directory; absolute."""
-    return os.path.abspath(tempfile.gettempdir())
-
-
 def check_fetch_directory(directory: str) -> None:
-    """Raise, naming the directory and the setting, unless ``directory`` is a directory that other users cannot
-    write to, or can only with the sticky bit set (as ``/tmp``), so that nobody else can rename or replace what this
-    process creates in it."""
+    """Raise, naming the directory and the setting, unless it is a directory other users cannot write to (or can
+    only with the sticky bit, as ``/tmp``): nobody else may rename or replace what this process creates in it."""
     where = f"{directory!r} ({TMPDIR_SETTING}, or the system's temporary directory when it is not set)"
     try:
         mode = os.stat(directory).st_mode
@@ -77,25 +65,20 @@ def ensure_free_space(directory: str, needed: int) -> None:
 
 
 class NodeLocalCopy:
-    """The local copy of a remote checkpoint, shared by the ranks of one node.
-
-    Local rank 0 creates it (:meth:`fetch`, in a fresh private directory) and removes it (:meth:`remove`); every rank
-    of the node takes its path from local rank 0's decision (:meth:`adopt`) and checks it again before each read
-    (:meth:`checked_path`).
-    """
+    """The local copy of a remote checkpoint, shared by the ranks of one node: local rank 0 fetches and removes it;
+    every rank adopts its path from local rank 0's decision and checks it again before each read."""
 
     def __init__(self, url: Any, directory: str | None = None, logger: logging.Logger = log) -> None:
         self.url = str(url)
         self._log = logger
-        self.directory = os.path.abspath(directory or fetch_directory())
+        self.directory = os.path.abspath(directory or tempfile.gettempdir())
         self.path: str | None = None
         self._size = 0
-        self._private: str | None = None
-        """The directory this process created; only this is ever removed."""
+        self._private: str | None = None  # the directory this process created: the only thing ever removed
 
     def fetch(self) -> str:
-        """(local rank 0, inside its turn) Download the file into a new private directory; return the decision the
-        node's other ranks receive: ``{"path": ..., "size": ...}`` as JSON. Leaves nothing behind when it fails."""
+        """(local rank 0, inside its turn) Download the file into a new private directory; the decision for the node,
+        ``{"path": ..., "size": ...}`` as JSON. Leaves nothing behind when it fails."""
         from fsspec.core import url_to_fs
 
         check_fetch_directory(self.directory)
@@ -124,8 +107,8 @@ class NodeLocalCopy:
         return json.dumps({"path": path, "size": written})
 
     def adopt(self, decision: str) -> None:
-        """(every rank of the node, local rank 0 included) Take the path from local rank 0's decision, read back from
-        the job's store, once it is checked: parsed as JSON, never evaluated."""
+        """(every rank of the node) Take the path from local rank 0's decision, read back from the store, once it is
+        checked: parsed as JSON, never evaluated."""
         check_fetch_directory(self.directory)
         try:
             data = json.loads(decision)
@@ -173,15 +156,13 @@ class NodeLocalCopy:
         except OSError as err:
             raise PermissionError(f"{self._refusal(path)}: {err}.") from None
         uid = os.geteuid()
+        directory_mode = stat.S_IMODE(directory.st_mode)
         problems = [
             what
             for what, bad in (
                 ("its directory is not a directory (a symbolic link?)", not stat.S_ISDIR(directory.st_mode)),
                 (f"its directory is owned by uid {directory.st_uid}, not {uid}", directory.st_uid != uid),
-                (
-                    f"its directory has mode {stat.S_IMODE(directory.st_mode):04o}, not 0700",
-                    stat.S_IMODE(directory.st_mode) != 0o700,
-                ),
+                (f"its directory has mode {directory_mode:04o}, not 0700", directory_mode != 0o700),
                 ("it is not a regular file", not stat.S_ISREG(file.st_mode)),
                 (f"it is owned by uid {file.st_uid}, not {uid}", file.st_uid != uid),
                 (f"it has mode {stat.S_IMODE(file.st_mode):04o}", stat.S_IMODE(file.st_mode) & 0o077),
