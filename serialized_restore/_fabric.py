@@ -66,12 +66,7 @@ class SerializedFabricMixin:
         self._serialized_log = logging.getLogger(f"{flavour_of(self).fabric}.serialized_restore")
 
     def load(
-        self,
-        path: Any,
-        state: dict[str, Any] | None = None,
-        strict: bool = True,
-        *,
-        weights_only: bool | None = None,
+        self, path: Any, state: dict[str, Any] | None = None, strict: bool = True, *, weights_only: bool | None = None
     ) -> dict[str, Any]:
         with self._loading_in_turns():
             return super().load(path, state, strict, weights_only=weights_only)  # type: ignore[misc]
@@ -196,14 +191,12 @@ class SerializedFabricMixin:
         if not isinstance(state, dict) or not isinstance(checkpoint, dict):
             return 0
         stateful = flavour_of(self).import_("utilities.types", "_Stateful", fabric=True)
-        names = [
-            name
+        others = (torch.nn.Module, torch.optim.Optimizer)
+        entries = {
+            name: checkpoint[name]
             for name, obj in state.items()
-            if name in checkpoint
-            and isinstance(obj, stateful)
-            and not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
-        ]
-        entries = {name: checkpoint[name] for name in names}
+            if name in checkpoint and isinstance(obj, stateful) and not isinstance(obj, others)
+        }
         copied = copy_out_of_mapping([entries], mapped)
         checkpoint.update(entries)
         return copied
