@@ -56,8 +56,7 @@ class SerializedRestoreTrainerMixin:
         super().__init_subclass__(**kwargs)
         # the flavour's Trainer itself; its subclasses inherit the result
         if SerializedRestoreTrainerMixin in cls.__bases__:
-            if "__init__" not in cls.__dict__:
-                cls.__init__ = _with_upstream_signature(cls)  # type: ignore[method-assign, misc]
+            cls.__init__ = _with_upstream_signature(cls)  # type: ignore[method-assign, misc]
             for name in _ENTRY_POINTS:
                 setattr(cls, name, _naming_the_import(getattr(cls, name)))
 
