@@ -7,7 +7,6 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from serialized_restore._memory import format_bytes
@@ -22,39 +21,16 @@ SAFETY_MARGIN = 0.2
 """Fraction of the available memory left untouched by the estimate."""
 
 MMAP_PRIVATE_FRACTION = 0.1
-"""Private memory one memory-mapped turn is assumed to need, as a fraction of the checkpoint's size.
-
-A memory-mapped turn keeps the file's pages in the (shared, reclaimable) page cache; what it allocates privately is
-transient: tensors that hooks or dtype conversions copy. Optimizer state copied out of the file is not counted: the
-job holds it for training anyway.
-"""
+"""Private memory one memory-mapped turn is assumed to need, as a fraction of the checkpoint's size: what hooks or
+dtype conversions copy (the file's pages are shared, reclaimable page cache; optimizer state copied out is kept for
+training anyway)."""
 
 
-@dataclass(frozen=True)
-class AutoPlan:
-    """The choice of ``k`` for one node and the figures it was made from."""
-
-    max_concurrent: int
-    """0 when not even one turn fits."""
-    local_world_size: int
-    available: int
-    available_source: str
-    checkpoint_size: int
-    reader: str
-    need_per_turn: int
-
-    def describe(self) -> str:
-        how = "memory-mapped" if self.reader == "mmap" else "eagerly"
-        return (
-            f"{format_bytes(self.available)} available ({self.available_source}), {SAFETY_MARGIN:.0%} kept as margin;"
-            f" one turn needs about {format_bytes(self.need_per_turn)}"
-            f" (checkpoint {format_bytes(self.checkpoint_size)}, read {how}); {self.local_world_size} local ranks"
-        )
-
-
-def plan_auto(checkpoint_size: int, reader: str, local_world_size: int, available_memory: int | None) -> AutoPlan:
-    """(local rank 0 of each node) Choose ``k`` in ``[1, local_world_size]``, or 0 if even one turn does not fit.
-    ``available_memory``: the bytes to assume available, or ``None`` to measure them."""
+def plan_auto(
+    checkpoint_size: int, reader: str, local_world_size: int, available_memory: int | None
+) -> tuple[int, str]:
+    """(local rank 0 of each node) ``k`` in ``[1, local_world_size]``, or 0 if even one turn does not fit, and the
+    figures it was chosen from. ``available_memory``: the bytes to assume available, or ``None`` to measure them."""
     if available_memory is not None:
         available, source = available_memory, "given"
     else:
@@ -63,9 +39,14 @@ def plan_auto(checkpoint_size: int, reader: str, local_world_size: int, availabl
 
         available, source = int(psutil.virtual_memory().available), "psutil"
     need = checkpoint_size if reader == "eager" else math.ceil(MMAP_PRIVATE_FRACTION * checkpoint_size)
-    usable = available * (1 - SAFETY_MARGIN)
-    k = local_world_size if need == 0 else min(local_world_size, int(usable // need))
-    return AutoPlan(max(k, 0), local_world_size, available, source, checkpoint_size, reader, need)
+    k = local_world_size if need == 0 else min(local_world_size, int(available * (1 - SAFETY_MARGIN) // need))
+    how = "memory-mapped" if reader == "mmap" else "eagerly"
+    figures = (
+        f"{format_bytes(available)} available ({source}), {SAFETY_MARGIN:.0%} kept as margin;"
+        f" one turn needs about {format_bytes(need)}"
+        f" (checkpoint {format_bytes(checkpoint_size)}, read {how}); {local_world_size} local ranks"
+    )
+    return max(k, 0), figures
 
 
 def decide_max_concurrent(
@@ -78,21 +59,15 @@ def decide_max_concurrent(
     owner: str = "Trainer",
 ) -> int:
     """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it from free memory for reading
-    ``source`` (``path``, or its node-local copy).
-
-    The node's other ranks wait for the decision as they wait for a turn (``STAGE_PLAN``): a local rank 0 that
-    dies or raises before deciding ends the restore on every rank within the same bounds as a failed turn.
-    Raises ``MemoryError`` when not even one rank fits; ``owner`` (``"Trainer"`` or ``"Fabric"``) names the class
-    the option was given to in that message.
-    """
+    ``source`` (``path``, or its node-local copy); the other ranks wait for it as for a turn. Raises ``MemoryError``
+    (naming ``owner``, the class given the option) when not even one rank fits."""
     if settings.max_concurrent != AUTO:
         return int(settings.max_concurrent)
     reader, _ = choose_reader(strategy, source, settings.reader)
     size = os.path.getsize(local) if (local := local_path(source)) and os.path.isfile(local) else 0
 
     def decide() -> str:
-        plan = plan_auto(size, reader, placement.local_world_size, settings.available_memory)
-        return json.dumps([plan.max_concurrent, plan.describe()])
+        return json.dumps(plan_auto(size, reader, placement.local_world_size, settings.available_memory))
 
     schedule = job_schedule(placement, path, settings, logger)
     k, figures = parse_plan(schedule.decide_per_node(STAGE_PLAN, decide))

@@ -1,24 +1,10 @@
-"""The serialized checkpoint connector: Lightning's two restore stages, run in turns.
+"""The serialized checkpoint connector: Lightning's two restore stages, run in turns (``docs/design.md``).
 
-Lightning restores a checkpoint in two stages (``trainer/connectors/checkpoint_connector.py``):
-
-1. ``_restore_modules_and_callbacks`` before ``strategy.setup``: read the file, ``LightningModule.on_load_checkpoint``,
-   the model weights, the datamodule, the callbacks.
-2. ``restore_training_state`` after it: precision plugin, loops, and for ``fit`` the optimizers and lr schedulers.
-
-then ``resume_end`` drops the cached checkpoint dict. Upstream, every rank holds the whole dict from stage 1 to
-``resume_end``: N copies per node. Here, with ``serialized_checkpoint_loading`` on, both stages run as turns of
-:class:`~serialized_restore._turns.TurnSchedule` and memory is released as soon as it is no longer needed:
-
-* stage 1, in the rank's turn: the checkpoint is read (``_read``), the hooks run in upstream order on the complete
-  dict, the weights are copied into the model. At the end of the turn the rank drops the model ``state_dict`` and,
-  for validate/test/predict, the optimizer and lr scheduler states; for ``fit`` it keeps of the optimizer state only
-  what stage 2 needs (``OptimizerSource``).
-* stage 2, in the rank's turn: the optimizer state is handed to the optimizers (``_prepare_optimizer_states``), and
-  the rest of the cached dict is dropped at the end of the turn.
-
-Strategies whose restore runs collectives, which cannot run inside a turn, take other paths (``_strategy_path.py``).
-A restore's state is one ``_Restore``, created when stage 1 starts and dropped at ``resume_end``.
+Stage 1 (``_restore_modules_and_callbacks``) reads the checkpoint in the rank's turn, runs upstream's hooks on the
+complete dict and drops what stage 2 does not need; stage 2 (``restore_training_state``) hands the optimizer state to
+the optimizers and drops the rest. Strategies whose restore runs collectives take other paths
+(``_strategy_path.py``). A restore's state is one ``_Restore``, created when stage 1 starts and dropped at
+``resume_end``.
 """
 
 from __future__ import annotations
@@ -48,7 +34,7 @@ from serialized_restore._strategy_path import (
     placement_of,
     strategy_path,
 )
-from serialized_restore._turns import RankPlacement, TurnRecord, TurnSchedule
+from serialized_restore._turns import TurnRecord, TurnSchedule
 
 STAGE_FETCH = "fetch checkpoint"
 STAGE_MODULES = "restore modules and callbacks"
@@ -57,23 +43,18 @@ STAGE_TRAINING_STATE = "restore training state"
 
 @dataclass
 class _Restore:
-    """One serialized restore on one rank: created when stage 1 starts, dropped at ``resume_end``.
-
-    After a failure it stays, holding nothing (what it held is freed at once), so that
-    ``restore_incomplete`` keeps saying that the model may be partly restored until the next restore or
-    ``resume_end``.
-    """
+    """One serialized restore on one rank. After a failure it stays, holding nothing, so that
+    ``restore_incomplete`` holds until the next restore or ``resume_end``."""
 
     path: Any
     settings: SerializedLoading
     how: StrategyPath
-    """``TURNS``, or ``FSDP`` with a full checkpoint."""
     weights_only: bool | None
     fitting: bool
     schedule: TurnSchedule | None = None
-    """Stage 1's schedule, taken by stage 2 (``TURNS`` only); ``None`` once stage 2 started or after a failure."""
+    """Stage 1's schedule, taken by stage 2 (``TURNS`` only)."""
     local_copy: NodeLocalCopy | None = None
-    """The node's private copy of a remote checkpoint, removed once every rank ended stage 2."""
+    """The node's copy of a remote checkpoint, removed once every rank ended stage 2."""
     reading: bool = False
     """Inside stage 1's ``resume_start``: read with this restore's reader, not upstream's."""
     loaded: LoadedCheckpoint | None = None
@@ -82,22 +63,9 @@ class _Restore:
     fingerprint: Fingerprint | None = None
     """Of the eagerly read optimizer state before the hooks ran, until stage 1's turn ends."""
 
-    @property
-    def reader(self) -> str:
-        return self.loaded.reader if self.loaded is not None else ""
-
-    def read_path(self) -> Any:
-        """Where the rank reads: the path given, or the checked copy the restore made of it."""
-        if self.local_copy is not None:
-            return self.local_copy.checked_path()
-        return self.path
-
 
 class _SerializedCheckpointConnectorMixin:
-    """Mixed into Lightning's ``_CheckpointConnector``; see the module docstring.
-
-    A restore's state lives in one ``_Restore`` (``self._restore``); every method below says which ranks call it.
-    """
+    """Mixed into Lightning's ``_CheckpointConnector``; see the module docstring."""
 
     trainer: Any
     _loaded_checkpoint: dict[str, Any]
@@ -108,8 +76,7 @@ class _SerializedCheckpointConnectorMixin:
         self._settings = settings
         self._restore: _Restore | None = None
         self._warned_strategies: set[type] = set()
-        flavour = flavour_of(self)
-        self._log = logging.getLogger(f"{flavour.pytorch}.serialized_restore")
+        self._log = logging.getLogger(f"{flavour_of(self).pytorch}.serialized_restore")
 
     @property
     def restore_incomplete(self) -> bool:
@@ -120,57 +87,53 @@ class _SerializedCheckpointConnectorMixin:
     # ------------------------------------------------------------- stage 1
 
     def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
-        """(all ranks) Stage 1 in turns: read, hooks, weights, datamodule, callbacks; then free the rest.
-
-        Memory: a rank reads in its turn (what that costs: ``_read``) and at the end of the turn keeps only what
-        stage 2 needs: for fit, what ``OptimizerSource`` says of the optimizer state; otherwise nothing of the
-        checkpoint's tensors.
-        """
+        """(all ranks) Stage 1: read, hooks, weights, datamodule, callbacks, in the rank's turn (FSDP: all ranks
+        together); then drop what stage 2 does not need."""
         if self._restore is not None:
             # an earlier restore whose resume_end never ran (its run failed between the stages): free what it holds
             self._abandon(self._restore)
         self._restore = None
-        how = self._choose_path(checkpoint_path) if checkpoint_path else StrategyPath.UPSTREAM
+        how = self._choose_path(checkpoint_path)
         if how is StrategyPath.UPSTREAM:
             super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
             return
         assert self._settings is not None  # the option is on: the path is not UPSTREAM
-        restore = self._restore = _Restore(checkpoint_path, self._settings, how, weights_only, self._fitting())
-        if how is StrategyPath.FSDP:
-            self._restore_fsdp_full(restore)
-            return
+        fitting = self.trainer.state.fn == flavour_of(self).import_("trainer.states", "TrainerFn").FITTING
+        restore = self._restore = _Restore(checkpoint_path, self._settings, how, weights_only, fitting)
         # as upstream's resume_start does first, also on a rank whose turn never comes because another rank failed
         self._ckpt_path = checkpoint_path
         try:
+            if how is StrategyPath.FSDP:
+                self._rank_zero_info(
+                    "serialized restore: FSDP restores with collectives, so its ranks restore together instead of in"
+                    " turns; the full checkpoint is memory-mapped and each rank copies only its shard of the optimizer"
+                    " state."
+                )
+                self._read_and_restore_modules(restore)
+                return
             if is_remote(checkpoint_path):
                 self._fetch(restore)
             source = restore.local_copy.path if restore.local_copy is not None else checkpoint_path
-            placement = self._placement()
+            placement = placement_of(self.trainer)
             k = decide_max_concurrent(
                 restore.settings, self.trainer.strategy, placement, restore.path, source, self._log
             )
             schedule = self._make_schedule(restore, k)
             note_one_rank_per_node(schedule.placement, self._rank_zero_info)
             with schedule.turn(STAGE_MODULES) as record:
-                restore.reading = True
-                try:
-                    super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
-                finally:
-                    restore.reading = False
+                self._read_and_restore_modules(restore)
                 if restore.loaded is not None:
-                    record.bytes_read, record.reader = restore.loaded.bytes_read, restore.reader
-                self._release_after_modules(restore)
+                    record.bytes_read, record.reader = restore.loaded.bytes_read, restore.loaded.reader
+            restore.schedule = schedule
         except BaseException:
             self._abandon(restore)
             raise
-        restore.schedule = schedule
 
     def _fetch(self, restore: _Restore) -> None:
         """(all ranks) Local rank 0 of each node downloads the remote checkpoint into a new private directory; every
-        rank of the node takes its path from the store and checks it, in a second round, so that a refusal on any
-        rank ends the restore on every rank."""
+        rank of the node then checks it, in a second round, so that a refusal on any rank ends the restore on every
+        rank."""
         schedule = self._make_schedule(restore)
-        # SerializedLoading.tmpdir, else the system's temporary directory
         restore.local_copy = copy = NodeLocalCopy(restore.path, restore.settings.tmpdir, self._log)
         if self.trainer.local_rank == 0:
             # last resort for a job that dies between the stages: the copy never outlives the process
@@ -191,28 +154,8 @@ class _SerializedCheckpointConnectorMixin:
             copy.remove()
             atexit.unregister(copy.remove)
 
-    def _restore_fsdp_full(self, restore: _Restore) -> None:
-        """(all ranks together) Stage 1 for FSDP and a full checkpoint: see ``_fsdp.py``; no turns (collectives).
-
-        Memory: each rank copies into private memory only its shard of the weights and of the optimizer state, one
-        unit at a time; the rest stays in the mapped file's pages, shared by the node's ranks."""
-        self._rank_zero_info(
-            "serialized restore: FSDP restores with collectives, so its ranks restore together instead of in turns;"
-            " the full checkpoint is memory-mapped and each rank copies only its shard of the optimizer state."
-        )
-        restore.reading = True
-        try:
-            super()._restore_modules_and_callbacks(restore.path, restore.weights_only)  # type: ignore[misc]
-            self._release_after_modules(restore)
-        except BaseException:
-            self._abandon(restore)
-            raise
-        finally:
-            restore.reading = False
-
     def resume_start(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
-        """Upstream's ``resume_start``, except inside a serialized restore's stage 1: then read the restore's way (for
-        ``TURNS``, with ``_read`` in the rank's turn)."""
+        """Upstream's ``resume_start``, except inside a serialized restore's stage 1: then read the restore's way."""
         restore = self._restore
         if restore is None or not restore.reading:
             super().resume_start(checkpoint_path, weights_only)  # type: ignore[misc]
@@ -223,20 +166,24 @@ class _SerializedCheckpointConnectorMixin:
             schedule = self._make_schedule(restore)
             strategy = self.trainer.strategy
             checkpoint = load_full_checkpoint(strategy, checkpoint_path, weights_only, restore.fitting, schedule)
-            restore.loaded = LoadedCheckpoint({}, "mmap", 0)
             self._loaded_checkpoint = self._migrate(checkpoint, checkpoint_path)
             return
         restore.loaded = self._read(restore, restore.settings.reader)
         self._loaded_checkpoint = restore.loaded.checkpoint
         restore.loaded.checkpoint = {}  # the dict lives in _loaded_checkpoint only
         if restore.fitting:
-            if restore.reader == "mmap":
+            if restore.loaded.reader == "mmap":
                 restore.optimizer_source = OptimizerSource.COPY_FROM_MAPPING
             else:
                 restore.fingerprint = Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
 
-    def _release_after_modules(self, restore: _Restore) -> None:
-        """(one rank, end of its stage-1 turn) Drop what the second stage does not need."""
+    def _read_and_restore_modules(self, restore: _Restore) -> None:
+        """Upstream's stage 1, reading the restore's way; then drop what stage 2 does not need."""
+        restore.reading = True
+        try:
+            super()._restore_modules_and_callbacks(restore.path, restore.weights_only)  # type: ignore[misc]
+        finally:
+            restore.reading = False
         wait_for_device_copies()
         checkpoint = self._loaded_checkpoint
         if "state_dict" in checkpoint:
@@ -259,16 +206,11 @@ class _SerializedCheckpointConnectorMixin:
     # ------------------------------------------------------------- stage 2
 
     def restore_training_state(self) -> None:
-        """(all ranks) Stage 2 in turns: precision plugin, loops, optimizers, lr schedulers; then free the rest.
+        """(all ranks) Stage 2: precision plugin, loops, optimizers, lr schedulers; then drop the rest.
 
-        Memory: for fit, a rank's private memory grows by the optimizer state its optimizers keep
-        (``_prepare_optimizer_states``); the rest of the cached dict is dropped at the end of its turn. The stage runs
-        in turns where it may allocate memory it then frees: when the optimizer state is read again, and when an
-        optimizer's ``load_state_dict`` is not torch's own (a ``ZeroRedundancyOptimizer`` or fairscale ``OSS`` copies
-        the state it is given before keeping its shard). Otherwise (torch's ``load_state_dict``, which keeps the
-        given tensors or moves them to the parameter's device, so that every byte allocated is one the optimizers
-        keep; or outside ``fit``, where the cached dict holds neither weights nor optimizer state by now) the ranks
-        of a node run it at once (``ordered=False``: failures still reach every rank).
+        It runs in turns only where it may allocate memory it frees again (the optimizer state read again, an
+        optimizer whose ``load_state_dict`` is not torch's own, a dtype conversion on load); otherwise the ranks of a
+        node run it at once (``ordered=False``: failures still reach every rank).
         """
         restore = self._restore
         schedule = restore.schedule if restore is not None else None
@@ -299,10 +241,8 @@ class _SerializedCheckpointConnectorMixin:
         self._remove_local_copy(restore)
 
     def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> set[int]:
-        """Give the cached dict its optimizer state: read it again where stage 1 dropped it (counted in ``record``);
-        memory-mapped, return the storages of the file it hands the optimizers, whose tensors the optimizers keep are
-        copied once they are loaded (``copy_kept_out_of_mapping``: a sharded optimizer's rank copies only its shard,
-        and state moved to a GPU is no host copy at all)."""
+        """Give the cached dict its optimizer state, read again where stage 1 dropped it; memory-mapped, return the
+        storages of the file whose tensors the optimizers keep are to be copied out once they are loaded."""
         if not restore.fitting:
             return set()
         source, restore.optimizer_source = restore.optimizer_source, OptimizerSource.IN_DICT
@@ -323,10 +263,10 @@ class _SerializedCheckpointConnectorMixin:
     # ------------------------------------------------------------- helpers
 
     def _read(self, restore: _Restore, reader: str) -> LoadedCheckpoint:
-        """(one rank, inside its turn) Read and migrate the whole checkpoint with ``reader``."""
-        strategy, source = self.trainer.strategy, restore.read_path()
+        """(one rank, inside its turn) Read and migrate the whole checkpoint (or the checked local copy of it)."""
+        source = restore.local_copy.checked_path() if restore.local_copy is not None else restore.path
         with flavour_of(self).import_("utilities.migration", "pl_legacy_patch")():
-            loaded = read_checkpoint(strategy, source, restore.weights_only, reader, self._log)
+            loaded = read_checkpoint(self.trainer.strategy, source, restore.weights_only, reader, self._log)
         loaded.checkpoint = self._migrate(loaded.checkpoint, restore.path)
         return loaded
 
@@ -334,16 +274,12 @@ class _SerializedCheckpointConnectorMixin:
         migrate = flavour_of(self).import_("utilities.migration.utils", "_pl_migrate_checkpoint")
         return migrate(checkpoint, checkpoint_path)
 
-    def _fitting(self) -> bool:
-        return self.trainer.state.fn == flavour_of(self).import_("trainer.states", "TrainerFn").FITTING
-
     def _rank_zero_info(self, message: str) -> None:
         flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(message)
 
     def _choose_path(self, checkpoint_path: Any) -> StrategyPath:
-        """(all ranks) How the option restores with this strategy (``_strategy_path.py``); FSDP only with a full
-        checkpoint."""
-        if self._settings is None:
+        """(all ranks) How the option restores with this strategy; FSDP only with a full checkpoint."""
+        if self._settings is None or not checkpoint_path:
             return StrategyPath.UPSTREAM
         strategy = self.trainer.strategy
         how = strategy_path(strategy, "Trainer", self.trainer.serialized_checkpoint_loading, self._warned_strategies)
@@ -356,9 +292,4 @@ class _SerializedCheckpointConnectorMixin:
         return how
 
     def _make_schedule(self, restore: _Restore, max_concurrent: int | None = None) -> TurnSchedule:
-        """(all ranks) A schedule over the job's default store (none for a single process); by default every local
-        rank at once."""
-        return job_schedule(self._placement(), restore.path, restore.settings, self._log, max_concurrent)
-
-    def _placement(self) -> RankPlacement:
-        return placement_of(self.trainer, self.trainer.strategy)
+        return job_schedule(placement_of(self.trainer), restore.path, restore.settings, self._log, max_concurrent)

@@ -1,14 +1,9 @@
-"""Lightning Fabric: ``fabric.load`` and ``fabric.load_raw`` in per-node turns.
+"""Lightning Fabric: ``fabric.load`` and ``fabric.load_raw`` in per-node turns (``docs/design.md``, *Lightning Fabric*).
 
-Under DDP every local rank calls ``strategy.load_checkpoint``, which reads the whole file into private memory at
-once: N x S per node. With ``Fabric(serialized_checkpoint_loading=...)`` each rank runs upstream's own
-``strategy.load_checkpoint`` inside its turn, on the checkpoint read memory-mapped where it can be, and then, with
-the node's other ranks at once (it allocates only what the rank keeps), copies into private memory what the rank
-keeps of the mapped file: what the optimizers hold after ``load_state_dict``, the entries of other stateful objects
-(before they get them), the plain values put into ``state`` and the returned remainder. Modules copy into their
-parameters already. So nothing the caller holds after ``load`` is backed by the file, and a rank waiting for its turn
-holds nothing of the checkpoint. Strategies follow the Trainer's rule (``_strategy_path.py``); FSDP with a full
-checkpoint loads with its ranks together, memory-mapped (``_fsdp.py``).
+Each rank runs upstream's own ``strategy.load_checkpoint`` in its turn, on the checkpoint read memory-mapped where it
+can be; then, with the node's other ranks at once, it copies into private memory what it keeps of the mapped file, so
+that nothing the caller holds after ``load`` is backed by the file. FSDP with a full checkpoint loads with its ranks
+together, memory-mapped (``_fsdp.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +22,6 @@ from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, checkpoint_kind, load_optimizer_states, load_weights, upstream_reason
 from serialized_restore._options import SerializedLoading
 from serialized_restore._readers import (
-    LoadedCheckpoint,
     copy_kept_out_of_mapping,
     copy_out_of_mapping,
     load_mmap,
@@ -47,19 +41,16 @@ from serialized_restore._trainer import SerializedCheckpointLoading
 
 STAGE_LOAD = "load checkpoint"
 STAGE_COPY = "copy what is kept"
-_Load = Callable[..., dict[str, Any]]
-"""Upstream's ``strategy.load_checkpoint``."""
+_Load = Callable[..., dict[str, Any]]  # upstream's strategy.load_checkpoint
 
 
 class SerializedFabricMixin:
     """Adds ``serialized_checkpoint_loading`` to Lightning ``Fabric``; every other argument is upstream's.
 
     Args:
-        serialized_checkpoint_loading: as the Trainer's. ``False`` (default) loads exactly as upstream. ``True``: in
-            ``fabric.load`` and ``fabric.load_raw`` the local ranks of each node load one at a time, nodes in
-            parallel, each keeping only what it restores. A positive int ``k``: at most ``k`` local ranks of a node
-            at once. ``"auto"``: ``k`` chosen per node from the memory available. A
-            :class:`~serialized_restore.SerializedLoading` sets every setting in one typed object.
+        serialized_checkpoint_loading: as the Trainer's, for ``fabric.load`` and ``fabric.load_raw``. ``False``
+            (default) loads exactly as upstream; ``True``, a positive int ``k``, ``"auto"`` or a
+            :class:`~serialized_restore.SerializedLoading`: the local ranks of each node load in turns.
     """
 
     _strategy: Any
@@ -75,12 +66,7 @@ class SerializedFabricMixin:
         self._serialized_log = logging.getLogger(f"{flavour_of(self).fabric}.serialized_restore")
 
     def load(
-        self,
-        path: Any,
-        state: dict[str, Any] | None = None,
-        strict: bool = True,
-        *,
-        weights_only: bool | None = None,
+        self, path: Any, state: dict[str, Any] | None = None, strict: bool = True, *, weights_only: bool | None = None
     ) -> dict[str, Any]:
         with self._loading_in_turns():
             return super().load(path, state, strict, weights_only=weights_only)  # type: ignore[misc]
@@ -96,10 +82,10 @@ class SerializedFabricMixin:
     def _loading_in_turns(self) -> Iterator[None]:
         """While upstream's ``load`` / ``load_raw`` runs, its call of ``strategy.load_checkpoint`` becomes a turn."""
         strategy, settings = self._strategy, self._serialized_settings
-        if settings is None or (
-            (way := strategy_path(strategy, "Fabric", self._serialized_value, self._serialized_warned))
-            is StrategyPath.UPSTREAM
-        ):
+        way = StrategyPath.UPSTREAM
+        if settings is not None:
+            way = strategy_path(strategy, "Fabric", self._serialized_value, self._serialized_warned)
+        if settings is None or way is StrategyPath.UPSTREAM:
             yield
             return
         how = self._load_fsdp if way is StrategyPath.FSDP else self._load_in_turn
@@ -120,14 +106,13 @@ class SerializedFabricMixin:
         self, settings: SerializedLoading, upstream: _Load, path: Any, state: Any, strict: bool, weights_only: Any
     ) -> dict[str, Any]:
         """(all ranks) Upstream's ``strategy.load_checkpoint`` in this rank's turn, on the checkpoint read with the
-        restore's reader; then, every rank at once, copy what the rank keeps out of the mapping."""
+        restore's reader (its ``checkpoint_io`` hands it over); then, every rank at once, copy what the rank keeps out
+        of the mapping."""
         strategy, log = self._strategy, self._serialized_log
-        placement = placement_of(self, strategy)
+        placement = placement_of(self)
         k = decide_max_concurrent(settings, strategy, placement, path, path, log, owner="Fabric")
         schedule = job_schedule(placement, path, settings, log, k)
-        note_one_rank_per_node(
-            placement, flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=True)
-        )
+        note_one_rank_per_node(placement, self._rank_zero_info)
         with schedule.turn(STAGE_LOAD) as record:
             loaded = read_checkpoint(
                 strategy, path, weights_only, settings.reader, log, read_eagerly=strategy.checkpoint_io.load_checkpoint
@@ -136,7 +121,13 @@ class SerializedFabricMixin:
             mapped = storages_of(loaded.checkpoint) if loaded.reader == "mmap" else set()
             if mapped:
                 record.bytes_copied += self._copy_for_stateful_objects(loaded.checkpoint, state, mapped)
-            remainder = self._run_upstream(upstream, loaded, path, state, strict, weights_only)
+            checkpoint_io = strategy.checkpoint_io
+            strategy.checkpoint_io = _AlreadyRead(loaded.checkpoint)
+            loaded.checkpoint = {}  # upstream pops what it restores: nothing else holds on to it
+            try:
+                remainder = upstream(path=path, state=state, strict=strict, weights_only=weights_only)
+            finally:
+                strategy.checkpoint_io = checkpoint_io
         # what the rank keeps is copied with the node's other ranks at once: it allocates only memory the rank keeps
         # (as the Trainer's second stage); every rank takes part, also one that read eagerly and copies nothing
         with schedule.turn(STAGE_COPY, ordered=False, logged=bool(mapped)) as record:
@@ -149,32 +140,28 @@ class SerializedFabricMixin:
         self, settings: SerializedLoading, upstream: _Load, path: Any, state: Any, strict: bool, weights_only: Any
     ) -> dict[str, Any]:
         """(all ranks together) FSDP's ``load_checkpoint``: a full checkpoint into a state holding one FSDP model is
-        read memory-mapped (``_fsdp.py``: every rank copies only its shard of the weights and of the optimizer
-        state); any other call (a sharded checkpoint, a module or an optimizer alone, an invalid state) is upstream's.
-
-        As upstream's full-checkpoint path (``_lazy_load``), the file is unpickled without restriction whatever
-        ``weights_only`` says."""
+        read memory-mapped, each rank copying only its shard (``_fsdp.py``); any other call is upstream's. As
+        upstream's full-checkpoint path, the file is unpickled without restriction whatever ``weights_only`` says."""
         strategy, log = self._strategy, self._serialized_log
         if not state or not isinstance(state, dict):
             return upstream(path=path, state=state, strict=strict, weights_only=weights_only)
         flavour = flavour_of(self)
         has_fsdp_modules = flavour.import_("strategies.fsdp", "_has_fsdp_modules", fabric=True)
-        rank_zero_info = flavour.import_("utilities.rank_zero", "rank_zero_info", fabric=True)
         # upstream's first step, so that every rank decides on rank 0's path
         path = Path(strategy.broadcast(path))
         modules = {key: obj for key, obj in state.items() if has_fsdp_modules(obj)}
         kind, why = checkpoint_kind(strategy, path)
         if kind != FULL or len(modules) != 1:
             if kind != FULL:
-                rank_zero_info(upstream_reason(kind, why, "load"))
+                self._rank_zero_info(upstream_reason(kind, why, "load"))
             return upstream(path=path, state=state, strict=strict, weights_only=weights_only)
-        rank_zero_info(
+        self._rank_zero_info(
             "serialized restore: FSDP loads with collectives, so its ranks load together instead of in turns; the"
             " full checkpoint is memory-mapped and each rank copies only its shard of the optimizer state."
         )
         ((module_key, module),) = modules.items()
         optimizers = {key: obj for key, obj in state.items() if isinstance(obj, torch.optim.Optimizer)}
-        schedule = job_schedule(placement_of(self, strategy), path, settings, log)
+        schedule = job_schedule(placement_of(self), path, settings, log)
         checkpoint = load_mmap(path, "cpu", False)
         mapped = storages_of(checkpoint)
         load_weights(strategy, checkpoint.pop(module_key), module, strict=strict)
@@ -195,24 +182,8 @@ class SerializedFabricMixin:
             wait_for_device_copies()
         return checkpoint
 
-    def _run_upstream(
-        self,
-        upstream: _Load,
-        loaded: LoadedCheckpoint,
-        path: Any,
-        state: Any,
-        strict: bool,
-        weights_only: Any,
-    ) -> dict[str, Any]:
-        """Upstream's ``strategy.load_checkpoint``, its ``checkpoint_io`` handing it the checkpoint already read."""
-        strategy = self._strategy
-        checkpoint_io = strategy.checkpoint_io
-        strategy.checkpoint_io = _AlreadyRead(loaded.checkpoint)
-        loaded.checkpoint = {}  # upstream pops what it restores: nothing else holds on to it
-        try:
-            return upstream(path=path, state=state, strict=strict, weights_only=weights_only)
-        finally:
-            strategy.checkpoint_io = checkpoint_io
+    def _rank_zero_info(self, message: str) -> None:
+        flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=True)(message)
 
     def _copy_for_stateful_objects(self, checkpoint: Any, state: Any, mapped: set[int]) -> int:
         """Give stateful objects other than modules and optimizers a private copy of their entry: what they keep of
@@ -220,14 +191,12 @@ class SerializedFabricMixin:
         if not isinstance(state, dict) or not isinstance(checkpoint, dict):
             return 0
         stateful = flavour_of(self).import_("utilities.types", "_Stateful", fabric=True)
-        names = [
-            name
+        others = (torch.nn.Module, torch.optim.Optimizer)
+        entries = {
+            name: checkpoint[name]
             for name, obj in state.items()
-            if name in checkpoint
-            and isinstance(obj, stateful)
-            and not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer))
-        ]
-        entries = {name: checkpoint[name] for name in names}
+            if name in checkpoint and isinstance(obj, stateful) and not isinstance(obj, others)
+        }
         copied = copy_out_of_mapping([entries], mapped)
         checkpoint.update(entries)
         return copied

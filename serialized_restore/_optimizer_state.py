@@ -13,21 +13,17 @@ class OptimizerSource(enum.Enum):
     """Where stage 2 takes the optimizer state from (fit only)."""
 
     IN_DICT = "in the dict"
-    """Already in private memory in the cached dict (read eagerly and changed by a hook, or the strategy's own
-    copy)."""
+    """In private memory in the cached dict (read eagerly and changed by a hook)."""
     COPY_FROM_MAPPING = "copy from the mapping"
-    """Views of the memory-mapped file: handed to the optimizers, and what they keep of it copied into private memory
-    in the rank's stage-2 turn."""
+    """Views of the mapped file: what the optimizers keep of it is copied out in stage 2."""
     READ_AGAIN = "read again"
-    """Read eagerly and dropped after stage 1 (no hook changed it): read the file again in the stage-2 turn."""
+    """Read eagerly and dropped after stage 1 (no hook changed it): read again in stage 2."""
 
 
 class Fingerprint:
-    """A cheap structural snapshot: tensors by identity and version counter, plain leaves by value.
-
-    Two snapshots are equal when nothing was added, removed, replaced or changed in place in between. The tensors
-    themselves are referenced so that their ``id`` cannot be reused while the snapshot lives.
-    """
+    """A cheap structural snapshot, equal to another when nothing was added, removed, replaced or changed in place in
+    between: tensors by identity and version counter (referenced, so that their ``id`` is not reused), plain leaves by
+    value."""
 
     def __init__(self, obj: Any) -> None:
         self.shape: list[Any] = []
@@ -65,9 +61,8 @@ def load_in_place(optimizers: list[Any]) -> bool:
 
 def converts_on_load(optimizers: list[Any], states: Any) -> bool:
     """Whether torch's ``load_state_dict`` converts a saved floating-point state tensor to its parameter's dtype (an
-    fp32 state into a bf16 model): the conversion allocates a host temporary (before a copy to the GPU, the whole
-    tensor), so the ranks of a node must not do it at once. Saved state is matched to parameters as torch matches it:
-    the saved ``param_groups``' ids, in order, to the optimizer's parameters."""
+    fp32 state into a bf16 model), which allocates a host temporary: then the ranks of a node must not do it at once.
+    Saved state is matched to parameters as torch matches it."""
     for optimizer, saved in zip(optimizers, states or []):
         if not isinstance(saved, dict):
             continue

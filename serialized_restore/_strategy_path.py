@@ -1,10 +1,8 @@
 """Which way a strategy restores with the option on, for the Trainer and Fabric alike, and the schedule its ranks
-restore on.
+restore on (``docs/design.md``, *Strategies*).
 
-Turns serialize the ranks of a node, so nothing inside a turn may run a collective. Single device and the DDP family
-restore without collectives; FSDP restores with them, so its ranks restore together (``_fsdp.py``); any other
-strategy, and a subclass that overrides a method through which its base restores (which may run collectives there),
-restores as upstream, with one warning on rank zero.
+Turns serialize the ranks of a node, so nothing inside a turn may run a collective: single device and the DDP family
+restore in turns, FSDP with its ranks together (``_fsdp.py``), anything else as upstream.
 """
 
 from __future__ import annotations
@@ -23,25 +21,21 @@ RESTORE_METHODS = {
     "Trainer": ("load_checkpoint", "load_model_state_dict", "load_optimizer_state_dict"),
     "Fabric": ("load_checkpoint", "load_module_state_dict"),
 }
-"""The methods through which a ``Trainer``'s or a ``Fabric``'s strategy restores."""
+"""The methods through which a strategy restores: a subclass that overrides one may run collectives there."""
 
 
 class StrategyPath(enum.Enum):
     """How the option restores with a strategy (:func:`strategy_path`)."""
 
     TURNS = "turns"
-    """Single device and the DDP family: in per-node turns."""
     FSDP = "fsdp"
-    """FSDP: every rank together, a full checkpoint memory-mapped (``_fsdp.py``)."""
     UPSTREAM = "upstream"
-    """Anything else: upstream's restore, untouched."""
 
 
 def strategy_path(strategy: Any, owner: str, value: object, warned: set[type]) -> StrategyPath:
     """(all ranks) The path of ``strategy``, a strategy of a ``Trainer`` or of a ``Fabric`` (``owner``).
 
-    ``UPSTREAM`` comes with one warning on rank zero per strategy class (``warned`` holds the classes warned about),
-    quoting the option's ``value``.
+    ``UPSTREAM`` comes with one warning on rank zero per strategy class (``warned``), quoting the option's ``value``.
     """
     fabric = owner == "Fabric"
     flavour = flavour_of(strategy)
@@ -71,14 +65,14 @@ def strategy_path(strategy: Any, owner: str, value: object, warned: set[type]) -
     return StrategyPath.UPSTREAM
 
 
-def placement_of(owner: Any, strategy: Any) -> RankPlacement:
+def placement_of(owner: Any) -> RankPlacement:
     """Where this process sits in the job, from a ``Trainer`` or a ``Fabric`` (both name the ranks alike)."""
     return RankPlacement(
         global_rank=owner.global_rank,
         world_size=owner.world_size,
         node_rank=owner.node_rank,
         local_rank=owner.local_rank,
-        local_world_size=max(1, int(getattr(strategy, "num_processes", 1))),
+        local_world_size=max(1, int(getattr(owner.strategy, "num_processes", 1))),
     )
 
 
@@ -104,16 +98,16 @@ def job_schedule(
     )
 
 
-_NOTED: set[str] = set()
-"""Notes already logged by this process."""
+_noted_one_rank_per_node = False
 
 
 def note_one_rank_per_node(placement: RankPlacement, info: Callable[[str], None]) -> None:
-    """(every rank; ``info`` logs on global rank 0) Say once per process that with one rank per node (a GPU per
-    container, each its own node) no two ranks share a node's memory: turns serialize nothing and save nothing."""
-    if placement.local_world_size > 1 or placement.world_size == 1 or "one rank per node" in _NOTED:
+    """(every rank; ``info`` logs on global rank 0) Say once per process that with one rank per node no two ranks
+    share a node's memory: turns serialize nothing and save nothing."""
+    global _noted_one_rank_per_node
+    if placement.local_world_size > 1 or placement.world_size == 1 or _noted_one_rank_per_node:
         return
-    _NOTED.add("one rank per node")
+    _noted_one_rank_per_node = True
     info(
         f"serialized restore: each of the {placement.world_size} nodes runs one rank, so no two ranks restore on the"
         " same node: the turns serialize nothing and save no memory (each rank still reads memory-mapped where it"

@@ -40,7 +40,7 @@ class SerializedRestoreTrainerMixin:
             :class:`~serialized_restore.SerializedLoading` sets every setting in one typed object.
     """
 
-    # the flavour's connector class; set by each flavour module (a module-level class, so ``ddp_spawn`` can pickle it)
+    # set by each flavour module (a module-level class, so that ``ddp_spawn`` can pickle it)
     _connector_class: ClassVar[type]
 
     def __init__(
@@ -54,10 +54,9 @@ class SerializedRestoreTrainerMixin:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # the flavour's Trainer itself (its subclasses inherit the result, or define their own ``__init__``)
+        # the flavour's Trainer itself; its subclasses inherit the result
         if SerializedRestoreTrainerMixin in cls.__bases__:
-            if "__init__" not in cls.__dict__:
-                cls.__init__ = _with_upstream_signature(cls)  # type: ignore[method-assign, misc]
+            cls.__init__ = _with_upstream_signature(cls)  # type: ignore[method-assign, misc]
             for name in _ENTRY_POINTS:
                 setattr(cls, name, _naming_the_import(getattr(cls, name)))
 
@@ -133,13 +132,8 @@ def _with_upstream_signature(cls: type) -> Callable[..., None]:
 
 
 def disable_checkpoint_callbacks(trainer: Any) -> None:
-    """(each rank, a restore failed half-way) Keep checkpoint callbacks from saving the partly restored model while
-    Lightning handles the exception (its ``on_exception`` hooks).
-
-    Only the callbacks that can save in ``on_exception`` are removed from ``trainer.callbacks`` (a ``ModelCheckpoint``
-    with ``save_on_exception=True``, an ``OnExceptionCheckpoint``, or any checkpoint callback that overrides
-    ``on_exception``), with one warning naming them: for all others, and so by default, nothing changes.
-    """
+    """(each rank, a restore failed half-way) Remove from ``trainer.callbacks`` the checkpoint callbacks that could
+    save the partly restored model in ``on_exception``, with one warning naming them (by default there are none)."""
     flavour = flavour_of(trainer)
     checkpoint_cls = flavour.import_("callbacks", "Checkpoint")
     model_checkpoint_cls = flavour.import_("callbacks", "ModelCheckpoint")
