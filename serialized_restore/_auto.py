@@ -70,7 +70,8 @@ def decide_max_concurrent(
         return json.dumps(plan_auto(size, reader, placement.local_world_size, settings.available_memory))
 
     schedule = job_schedule(placement, path, settings, logger)
-    k, figures = parse_plan(schedule.decide_per_node(STAGE_PLAN, decide))
+    decision = schedule.on_one_rank(STAGE_PLAN, decide, central=placement.local_rank == 0, per_node=True)
+    k, figures = parse_plan(decision or "")
     if placement.local_rank == 0:
         logger.info(f'serialized restore: "auto" chose k={k} for node {placement.node_rank}: {figures}')
     if k < 1:

@@ -138,9 +138,9 @@ class _SerializedCheckpointConnectorMixin:
         if self.trainer.local_rank == 0:
             # last resort for a job that dies between the stages: the copy never outlives the process
             atexit.register(copy.remove)
-        decision = schedule.decide_per_node(STAGE_FETCH, copy.fetch)
+        decision = schedule.on_one_rank(STAGE_FETCH, copy.fetch, central=self.trainer.local_rank == 0, per_node=True)
         with schedule.turn(STAGE_CHECK):
-            copy.adopt(decision)
+            copy.adopt(decision or "")
 
     def _abandon(self, restore: _Restore) -> None:
         """(each rank, after a failed stage) Free what the restore holds; resume_end won't run."""

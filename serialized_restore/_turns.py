@@ -177,12 +177,6 @@ class TurnSchedule:
             value = self._views[0].get_if_set(key)
         return value
 
-    def decide_per_node(self, stage: str, decide: Callable[[], str]) -> str:
-        """(all ranks) :meth:`on_one_rank` with local rank 0 of each node deciding for its node."""
-        value = self.on_one_rank(stage, decide, central=self.placement.local_rank == 0, per_node=True)
-        assert value is not None, "decide() returned None"
-        return value
-
     def predecessor(self, local: int) -> int | None:
         """Whom local rank ``local`` waits for: ``k`` chains of turns, one turn at a time each."""
         return local - self.max_concurrent if local >= self.max_concurrent else None

@@ -169,7 +169,8 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
                     _misbehave(decide[str(rank)], rank, out_dir)
                 return json.dumps({"decided_by": rank})
 
-            outcome["decision"] = json.loads(schedule.decide_per_node("plan restore", _decision))
+            value = schedule.on_one_rank("plan restore", _decision, central=rank % lws == 0, per_node=True)
+            outcome["decision"] = json.loads(value or "null")
         for stage in STAGES[: scenario.get("stages", 1)]:
             with schedule.turn(stage) as record:
                 outcome["events"].append((stage, time.time(), None))
@@ -562,7 +563,8 @@ def test_a_signal_reaches_a_rank_blocked_in_a_wait(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_each_node_takes_its_local_rank_zeros_decision(tmp_path):
-    """`decide_per_node` (what "auto" plans with): every rank of a node gets the value its local rank 0 computed."""
+    """``on_one_rank(..., per_node=True)`` (what "auto" plans with): every rank of a node gets the value its local rank
+    0 computed."""
     result = _run(tmp_path, 4, {"local_world_size": 2, "decide": {}}, timeout=40)
     assert not result["hung"] and sorted(result["ranks"]) == [0, 1, 2, 3], result
     for rank, outcome in result["ranks"].items():
