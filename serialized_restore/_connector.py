@@ -51,17 +51,12 @@ class _Restore:
     how: StrategyPath
     weights_only: bool | None
     fitting: bool
-    schedule: TurnSchedule | None = None
-    """Stage 1's schedule, taken by stage 2 (``TURNS`` only)."""
-    local_copy: NodeLocalCopy | None = None
-    """The node's copy of a remote checkpoint, removed once every rank ended stage 2."""
-    reading: bool = False
-    """Inside stage 1's ``resume_start``: read with this restore's reader, not upstream's."""
-    loaded: LoadedCheckpoint | None = None
-    """How stage 1 read the file (the dict itself lives in ``_loaded_checkpoint``, as upstream)."""
+    schedule: TurnSchedule | None = None  # stage 1's, taken by stage 2 (TURNS only)
+    local_copy: NodeLocalCopy | None = None  # of a remote checkpoint, removed once every rank ended stage 2
+    reading: bool = False  # inside stage 1's resume_start: read with this restore's reader, not upstream's
+    loaded: LoadedCheckpoint | None = None  # how stage 1 read the file (the dict lives in _loaded_checkpoint)
     optimizer_source: OptimizerSource = OptimizerSource.IN_DICT
-    fingerprint: Fingerprint | None = None
-    """Of the eagerly read optimizer state before the hooks ran, until stage 1's turn ends."""
+    fingerprint: Fingerprint | None = None  # of the eagerly read optimizer state before the hooks ran (stage 1)
 
 
 class _SerializedCheckpointConnectorMixin:

@@ -17,11 +17,11 @@ from serialized_restore._flavour import flavour_of
 from serialized_restore._options import SerializedLoading
 from serialized_restore._turns import RankPlacement, TurnSchedule
 
+# the methods through which a strategy restores: a subclass that overrides one may run collectives there
 RESTORE_METHODS = {
     "Trainer": ("load_checkpoint", "load_model_state_dict", "load_optimizer_state_dict"),
     "Fabric": ("load_checkpoint", "load_module_state_dict"),
 }
-"""The methods through which a strategy restores: a subclass that overrides one may run collectives there."""
 
 
 class StrategyPath(enum.Enum):
