@@ -1,10 +1,6 @@
-"""The serialized checkpoint connector: Lightning's two restore stages, run in turns (``docs/design.md``).
-
-Stage 1 (``_restore_modules_and_callbacks``) reads the checkpoint in the rank's turn, runs upstream's hooks on the
-complete dict and drops what stage 2 does not need; stage 2 (``restore_training_state``) hands the optimizer state to
-the optimizers and drops the rest. Strategies whose restore runs collectives take other paths
-(``_strategy_path.py``). A restore's state is one ``_Restore``, created when stage 1 starts and dropped at
-``resume_end``.
+"""The serialized checkpoint connector: Lightning's two restore stages, run in turns (``docs/design.md``). Stage 1
+reads the checkpoint in the rank's turn, runs upstream's hooks on the complete dict and drops what stage 2 does not
+need; stage 2 hands the optimizer state to the optimizers and drops the rest. One ``_Restore`` holds a restore's state.
 """
 
 from __future__ import annotations
@@ -99,11 +95,7 @@ class _SerializedCheckpointConnectorMixin:
         self._ckpt_path = checkpoint_path
         try:
             if how is StrategyPath.FSDP:
-                self._rank_zero_info(
-                    "serialized restore: FSDP restores with collectives, so its ranks restore together instead of in"
-                    " turns; the full checkpoint is memory-mapped and each rank copies only its shard of the optimizer"
-                    " state."
-                )
+                self._rank_zero_info(upstream_reason(FULL, "", "restore"))
                 self._read_and_restore_modules(restore)
                 return
             if is_remote(checkpoint_path):

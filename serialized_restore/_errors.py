@@ -45,9 +45,8 @@ _MACHINERY = (f"{os.sep}serialized_restore{os.sep}_turns.py", f"{os.sep}contextl
 
 @dataclass(frozen=True)
 class RankFailure:
-    """What went wrong on one rank during a serialized restore, built on the rank that saw it and shipped to every
-    other rank through the process group's store, so that all ranks raise the same :class:`CheckpointRestoreError`.
-    """
+    """What went wrong on one rank, built on the rank that saw it and shipped to every other rank through the store,
+    so that all ranks raise the same :class:`CheckpointRestoreError`."""
 
     global_rank: int
     node_rank: int | None

@@ -1,10 +1,6 @@
-"""Lightning Fabric: ``fabric.load`` and ``fabric.load_raw`` in per-node turns (``docs/design.md``, *Lightning Fabric*).
-
-Each rank runs upstream's own ``strategy.load_checkpoint`` in its turn, on the checkpoint read memory-mapped where it
-can be; then, with the node's other ranks at once, it copies into private memory what it keeps of the mapped file, so
-that nothing the caller holds after ``load`` is backed by the file. FSDP with a full checkpoint loads with its ranks
-together, memory-mapped (``_fsdp.py``).
-"""
+"""Lightning Fabric: ``fabric.load`` and ``fabric.load_raw`` in per-node turns (``docs/design.md``, *Lightning Fabric*):
+upstream's ``strategy.load_checkpoint`` in each rank's turn, on the checkpoint read memory-mapped where it can be, then
+what the rank keeps copied out of the mapping; FSDP with a full checkpoint loads with its ranks together."""
 
 from __future__ import annotations
 
@@ -155,10 +151,7 @@ class SerializedFabricMixin:
             if kind != FULL:
                 self._rank_zero_info(upstream_reason(kind, why, "load"))
             return upstream(path=path, state=state, strict=strict, weights_only=weights_only)
-        self._rank_zero_info(
-            "serialized restore: FSDP loads with collectives, so its ranks load together instead of in turns; the"
-            " full checkpoint is memory-mapped and each rank copies only its shard of the optimizer state."
-        )
+        self._rank_zero_info(upstream_reason(FULL, "", "load"))
         ((module_key, module),) = modules.items()
         optimizers = {key: obj for key, obj in state.items() if isinstance(obj, torch.optim.Optimizer)}
         schedule = job_schedule(placement_of(self), path, settings, log)

@@ -41,7 +41,12 @@ def checkpoint_kind(strategy: Any, path: Any) -> tuple[str | None, str]:
 
 
 def upstream_reason(kind: str | None, why: str, verb: str) -> str:
-    """The INFO line for a checkpoint FSDP's own code restores; ``verb``: ``"restore"`` or ``"load"`` (Fabric)."""
+    """The INFO line for a checkpoint; ``verb``: ``"restore"`` or ``"load"`` (Fabric). ``kind`` ``FULL``: ours."""
+    if kind == FULL:
+        return (
+            f"serialized restore: FSDP {verb}s with collectives, so its ranks {verb} together instead of in turns; the"
+            " full checkpoint is memory-mapped and each rank copies only its shard of the optimizer state."
+        )
     if kind == SHARDED:
         return (
             "serialized restore: each FSDP rank reads only its own shards of a sharded checkpoint; no turns are needed."

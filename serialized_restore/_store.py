@@ -76,12 +76,9 @@ _CLONES: dict[int, tuple[Any, Any]] = {}  # id of a job store: the store (so tha
 
 
 def open_namespace(job_store: Any, global_rank: int, backstop: float) -> tuple[StoreView, StoreView]:
-    """(all ranks, once per schedule) This schedule's own key namespace: ``(main, side)`` connections.
-
-    Every rank counts its own schedules, so the n-th schedule of each rank meets the n-th of every other rank even
-    when several Trainers share one process group. The clone is opened once per process and job store: a new
-    connection costs a round of the store server's accept, which may resolve the peer's name (seconds).
-    """
+    """(all ranks, once per schedule) This schedule's own key namespace (the n-th schedule of each rank meets the
+    n-th of every other), on ``(main, side)`` connections. The clone is made once per process and job store: a new
+    connection costs a round of the server's accept, which may resolve the peer's name (seconds)."""
     try:
         generation = job_store.add(f"serialized_restore/generation/{global_rank}", 1)
         cached = _CLONES.get(id(job_store))
@@ -133,6 +130,9 @@ class StageKeys:
         return f"{self._p}decision/{node}"
 
 
+_REPORTS = "reports\n"
+
+
 @dataclass(frozen=True)
 class StageStore:
     """One stage of one rank in the store, shared by the turn (main thread, ``main``) and the watch (``side``)."""
@@ -157,22 +157,27 @@ class StageStore:
             self.acknowledge(view, gone)
 
     def acknowledge(self, view: StoreView, count: int = 1) -> None:
-        """``count`` more ranks know that the stage failed; the one that completes the job's count says so."""
+        """``count`` more ranks know that the stage failed; the one that completes the job's count sets ``all_acked``
+        to the reports, which every rank has posted by then: the others read them from the key they wait on."""
         if view.add(self.keys.acked, count) >= len(self.wake_keys):
-            view.set(self.keys.all_acked, "1")
+            view.set(self.keys.all_acked, _REPORTS + (view.get_if_set(self.keys.reports) or ""))
 
-    def read(self, view: StoreView) -> list[RankFailure]:
-        """(a rank that acknowledged) The reports; the read that catches up with every acknowledgement says so."""
-        failures = self.reports(view)
-        if view.add(self.keys.reads, 1) >= view.add(self.keys.acked, 0):
+    def read(self, view: StoreView, all_acked: str) -> list[RankFailure]:
+        """(a rank that acknowledged) The reports, from ``all_acked``'s value, else (set free at its bound) from their
+        key; the read that catches up with every acknowledgement says so."""
+        everyone = all_acked.startswith(_REPORTS)
+        failures = self.reports(view, all_acked[len(_REPORTS) :] if everyone else None)
+        acked = len(self.wake_keys) if everyone else view.add(self.keys.acked, 0)
+        if view.add(self.keys.reads, 1) >= acked:
             view.set(self.keys.all_read, "1")
         return failures
 
-    def reports(self, view: StoreView) -> list[RankFailure]:
-        """The stage's failure records; a line that is not one of ours (any process that can reach the store can
-        write to it) becomes a failure that says so."""
+    def reports(self, view: StoreView, text: str | None = None) -> list[RankFailure]:
+        """The stage's failure records (``text``, or the key's value); a line that is not one of ours (any process
+        that can reach the store can write to it) becomes a failure that says so."""
         failures = []
-        for line in (view.get_if_set(self.keys.reports) or "").splitlines():
+        text = view.get_if_set(self.keys.reports) if text is None else text
+        for line in (text or "").splitlines():
             if line.strip():
                 try:
                     failures.append(RankFailure.from_json(line))

@@ -1,9 +1,6 @@
-"""The turn schedule: which local rank of a node restores when, and how a failure reaches every rank.
-
-It coordinates through the default process group's key-value store, never through collectives. Per stage, a rank's
-main thread (here) and its watch (``_liveness.Watch``) share one ``_store.StageStore``. ``docs/design.md`` describes
-the protocol and its store load.
-"""
+"""The turn schedule: which local rank of a node restores when, and how a failure reaches every rank, through the
+default process group's store, never through collectives (``docs/design.md``). Per stage, a rank's main thread (here)
+and its watch (``_liveness.Watch``) share one ``_store.StageStore``."""
 
 from __future__ import annotations
 
@@ -263,17 +260,19 @@ class TurnSchedule:
             if own:
                 store.post(own, view)
             store.acknowledge(view)
-            self._await(watch, view, keys.all_acked, _GATHER_GRACE)
-            failures = watch.reports = store.read(view)
+            failures = watch.reports = store.read(view, self._await(watch, view, keys.all_acked, _GATHER_GRACE))
             self._await(watch, view, keys.all_read, _LINGER)
         except StoreLost as err:
             return self._store_lost(store, watch, err, own, raised)
         return restore_error(self.checkpoint_path, failures + own, self.placement.global_rank, raised)
 
     @staticmethod
-    def _await(watch: Watch, view: StoreView, key: str, bound: float) -> None:
-        with watch.waiting(WaitKind.RELEASE, key, release_after=bound), contextlib.suppress(StoreTimeout):
-            view.get(key)
+    def _await(watch: Watch, view: StoreView, key: str, bound: float) -> str:
+        with watch.waiting(WaitKind.RELEASE, key, release_after=bound):
+            try:
+                return view.get(key)
+            except StoreTimeout:  # a dead watch: the backstop
+                return ""
 
     def _store_lost(
         self, store: StageStore, watch: Watch, err: BaseException, own: Sequence[RankFailure] = (),

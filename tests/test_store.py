@@ -87,16 +87,25 @@ def test_the_first_post_closes_the_stage_as_failed_and_wakes_everyone():
 
 
 def test_the_ranks_that_acknowledged_and_read_say_so_once_all_have():
-    """``all_acked`` is set by the acknowledgement that completes the job's count; ``all_read`` by the read that
-    catches up with every acknowledgement so far."""
+    """The acknowledgement that completes the job's count sets ``all_acked`` to the reports, which the ranks read
+    from it; ``all_read`` is set by the read that catches up with every acknowledgement: the whole job's, or those so
+    far when the wait was set free at its bound."""
     store = _stage(_server())
-    store.post([RankFailure(1, 0, 1, STAGE, "exception", "ValueError: x")], store.side)
+    failure = RankFailure(1, 0, 1, STAGE, "exception", "ValueError: x")
+    store.post([failure], store.side)
     store.acknowledge(store.main)
     assert store.main.get_if_set(store.keys.all_acked) is None
-    assert [f.global_rank for f in store.read(store.main)] == [1]
+    assert store.read(store.main, "deadline") == [failure]  # set free at the bound: 1 read of 1 acknowledgement
     assert store.main.get_if_set(store.keys.all_read) == "1"
-    store.acknowledge(store.side)
-    assert store.main.get_if_set(store.keys.all_acked) == "1"
+    other = _stage(_server())
+    other.post([failure], other.side)
+    other.acknowledge(other.main, 2)
+    all_acked = other.main.get(other.keys.all_acked)
+    other.main.set(other.keys.reports, "")  # what the ranks read is all_acked's copy
+    assert other.read(other.main, all_acked) == [failure]  # 1 read of the whole job's 2
+    assert other.main.get_if_set(other.keys.all_read) is None
+    assert other.read(other.side, all_acked) == [failure]
+    assert other.main.get_if_set(other.keys.all_read) == "1"
 
 
 def test_a_failure_after_the_stage_ended_changes_nothing():
