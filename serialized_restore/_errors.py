@@ -1,5 +1,4 @@
-"""Errors raised by a serialized restore: what failed on a rank (:class:`RankFailure`, shipped through the store as
-JSON) and the one error every rank raises (:class:`CheckpointRestoreError`)."""
+"""What failed on a rank (:class:`RankFailure`, JSON in the store) and the error every rank raises."""
 
 from __future__ import annotations
 
@@ -147,9 +146,8 @@ class CheckpointRestoreError(Exception):
 def restore_error(
     checkpoint_path: str, failures: list[RankFailure], observed_on: int, own: BaseException | None = None
 ) -> CheckpointRestoreError:
-    """The :class:`CheckpointRestoreError` a rank raises: also an instance of every original exception type among
-    ``failures`` (in rank order) that this process can name among the modules it has imported (nothing is imported
-    or evaluated); ``own``, this rank's own exception, gives its type as is."""
+    """The error a rank raises: also an instance of every original type among ``failures`` (in rank order) that this
+    process can name in the modules it imported (nothing is imported or evaluated), ``own``'s type as is."""
     merged = _merge(failures)
     bases: list[type[BaseException]] = []
     for f in (f for f in merged if f.kind == FailureKind.EXCEPTION):

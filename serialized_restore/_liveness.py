@@ -1,9 +1,8 @@
 """Liveness: while a rank takes part in a stage, its :class:`Watch` keeps it visible and ends every wait in its bound.
 
 One watch per rank and stage, on the rank's side connection: **heartbeat**; **peer watch** (a process of its node gone
-from this machine, or silent for the heartbeat timeout, is posted); **turn timeout** (it re-checks what the main
-thread waits for, repairs a lost wake-up or close, posts a timeout when nothing moved for the turn timeout, and sets
-the failure exchange's waits free at their bound). A :class:`WatchHost` runs the watches.
+from this machine, or silent for the heartbeat timeout, is posted); **turn timeout** (re-checks of what the main thread
+waits for: lost wake-ups repaired, stalls diagnosed, the failure exchange's waits set free at their bound).
 """
 
 from __future__ import annotations
@@ -71,9 +70,12 @@ class Identity(NamedTuple):
         return cls(global_rank, os.getpid(), machine)
 
     @classmethod
-    def from_json(cls, text: str) -> Identity:
-        rank, pid, machine = json.loads(text)
-        return cls(int(rank), int(pid), str(machine))
+    def from_json(cls, text: str) -> Identity | None:
+        try:
+            rank, pid, machine = json.loads(text)
+            return cls(int(rank), int(pid), str(machine))
+        except (TypeError, ValueError):  # not one (any process that can reach the store can write to it)
+            return None
 
 
 def announce(side: StoreView, placement: Any) -> None:
@@ -183,8 +185,7 @@ class Watch:
         beat_every, self._recheck = beat_interval(schedule.heartbeat_timeout), recheck_interval(schedule.turn_timeout)
         self.tick = min(_TICK, beat_every, self._recheck)
         self._beat_every = beat_every
-        # shared with the main thread, each written whole by one thread: where the main thread is, and the stage's
-        # failure reports as this rank last read them (None: not read)
+        # each written whole by one thread: where the main thread is; the failure reports as last read (None: not read)
         self._wait: _Wait | None = None
         self.reports: list[RankFailure] | None = None
         self._reported: set[int] = set()
@@ -237,7 +238,8 @@ class Watch:
             keys = [identity_key(p.node_rank, local) for local in missing]
             # everyone has arrived (the usual case): two operations, whatever the node's size
             values = view.multi_get(keys) if view.check(keys) else [view.get_if_set(key) for key in keys]
-            peers.identities.update({lr: Identity.from_json(v) for lr, v in zip(missing, values) if v is not None})
+            found = {lr: Identity.from_json(v) for lr, v in zip(missing, values) if v is not None}
+            peers.identities.update({lr: who for lr, who in found.items() if who is not None})
         gone = dict.fromkeys(peers.exited(), 0.0)
         if now >= self._next_read and peers.identities:
             self._next_read = now + self._beat_every

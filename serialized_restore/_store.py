@@ -1,8 +1,5 @@
-"""The schedule's store: its two connections, its key names, and the failure records a stage's ranks post and read.
-
-A rank's main thread blocks in ``get`` on the *main* connection, a ``clone()`` of the job's store (a blocking
-operation holds its connection); its watch makes short operations on the *side* one, the job's store itself.
-"""
+"""The schedule's store: its connections (the main thread blocks in ``get`` on a ``clone()`` of the job's store, as a
+blocking operation holds its connection; the watch uses the job's store), its keys, and the failure records."""
 
 from __future__ import annotations
 
@@ -50,7 +47,6 @@ class StoreView:
         return _text(self._call("get", key))
 
     def get_if_set(self, key: str) -> str | None:
-        """The value of ``key``, or ``None`` if it is not set; never blocks."""
         return self.get(key) if self.check([key]) else None
 
     def compare_set(self, key: str, expected: str, desired: str) -> str:
@@ -60,8 +56,7 @@ class StoreView:
     def multi_set(self, keys: list[str], values: list[str]) -> None:
         self._call("multi_set", keys, values)
 
-    def multi_get(self, keys: list[str]) -> list[str]:
-        """Values of keys known to be set (a missing key blocks)."""
+    def multi_get(self, keys: list[str]) -> list[str]:  # a missing key blocks
         return [_text(v) for v in self._call("multi_get", keys)]
 
     def append(self, key: str, value: str) -> None:
@@ -140,8 +135,7 @@ class StageStore:
     keys: StageKeys
     main: StoreView
     side: StoreView
-    wake_keys: list[str]
-    """Every rank's wake-up key."""
+    wake_keys: list[str]  # every rank's
 
     def post(self, failures: list[RankFailure], view: StoreView) -> None:
         """(any rank, any thread) Post ``failures`` and close the stage as failed, unless it had ended before; a rank
@@ -154,29 +148,35 @@ class StageStore:
         gone = sum(1 for f in failures if f.kind.gone and view.add(keys.gone(f.global_rank), 1) == 1)
         if gone:
             view.add(keys.reads, gone)  # first: every count of ``acked`` a reader sees has its reads counted
-            self.acknowledge(view, gone)
+            self._count(view, gone)
 
-    def acknowledge(self, view: StoreView, count: int = 1) -> None:
-        """``count`` more ranks know that the stage failed; the one that completes the job's count sets ``all_acked``
-        to the reports, which every rank has posted by then: the others read them from the key they wait on."""
-        if view.add(self.keys.acked, count) >= len(self.wake_keys):
+    def acknowledge(self, view: StoreView, rank: int, reads: bool = True) -> bool:
+        """(a rank itself) Acknowledge, unless a peer did for it (reported gone, it came back); ``reads=False``: it
+        will not read the reports either. Whether it counted."""
+        if view.add(self.keys.gone(rank), 1) != 1:
+            return False
+        if not reads:
+            view.add(self.keys.reads, 1)
+        self._count(view, 1)
+        return True
+
+    def _count(self, view: StoreView, acknowledged: int) -> None:
+        # the one that completes the count sets all_acked to the reports, all posted by then: the others read them there
+        if view.add(self.keys.acked, acknowledged) >= len(self.wake_keys):
             view.set(self.keys.all_acked, _REPORTS + (view.get_if_set(self.keys.reports) or ""))
 
-    def read(self, view: StoreView, all_acked: str) -> list[RankFailure]:
-        """(a rank that acknowledged) The reports, from ``all_acked``'s value, else (set free at its bound) from their
-        key; the read that catches up with every acknowledgement says so."""
-        everyone = all_acked.startswith(_REPORTS)
-        failures = self.reports(view, all_acked[len(_REPORTS) :] if everyone else None)
-        acked = len(self.wake_keys) if everyone else view.add(self.keys.acked, 0)
+    def read_done(self, view: StoreView, all_acked: str) -> None:
+        """The read that catches up with every acknowledgement (all R, if the count set ``all_acked``) says so."""
+        acked = len(self.wake_keys) if all_acked.startswith(_REPORTS) else view.add(self.keys.acked, 0)
         if view.add(self.keys.reads, 1) >= acked:
             view.set(self.keys.all_read, "1")
-        return failures
 
-    def reports(self, view: StoreView, text: str | None = None) -> list[RankFailure]:
-        """The stage's failure records (``text``, or the key's value); a line that is not one of ours (any process
-        that can reach the store can write to it) becomes a failure that says so."""
+    def reports(self, view: StoreView, all_acked: str = "") -> list[RankFailure]:
+        """The failure records, from ``all_acked`` if the count set it, else from their key; a line that is not ours
+        (any process that can reach the store can write to it) becomes a failure that says so."""
         failures = []
-        text = view.get_if_set(self.keys.reports) if text is None else text
+        carried = all_acked.startswith(_REPORTS)
+        text = all_acked[len(_REPORTS) :] if carried else view.get_if_set(self.keys.reports)
         for line in (text or "").splitlines():
             if line.strip():
                 try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -60,8 +61,7 @@ class RankPlacement:
 
 @dataclass
 class TurnRecord:
-    """What one rank's turn did; its body fills in the bytes of the file read (or mapped) and copied out of the
-    mapping, and the ``reader`` (``"mmap"`` or ``"eager"``)."""
+    """What one rank's turn did; its body fills in the bytes read (or mapped) and copied, and the ``reader``."""
 
     stage: str
     waited: float = 0.0
@@ -137,8 +137,7 @@ class TurnSchedule:
             except (KeyboardInterrupt, SystemExit) as err:
                 with contextlib.suppress(StoreLost):  # tell the others, without waiting for them
                     store.post([failure_from_exception(p, stage, err, self.checkpoint_path)], store.main)
-                    store.main.add(store.keys.reads, 1)  # it reads nothing: nobody waits for that
-                    store.acknowledge(store.main)
+                    store.acknowledge(store.main, p.global_rank, reads=False)
                 raise
             except BaseException as err:
                 error = self._abort(store, watch, [failure_from_exception(p, stage, err, self.checkpoint_path)], err)
@@ -160,9 +159,8 @@ class TurnSchedule:
     def on_one_rank(
         self, stage: str, compute: Callable[[], str | None], *, central: bool, per_node: bool = False
     ) -> str | None:
-        """(all ranks) Run ``compute()`` on the ``central`` rank, one per job (per node with ``per_node``), in its
-        turn of ``stage`` (all turns at once), and return its result, plain text never evaluated, on every rank; if
-        it fails, every rank raises the same :class:`CheckpointRestoreError` within the bounds of a turn."""
+        """(all ranks) ``compute()`` on the ``central`` rank (of the job, or of each node) in its turn of ``stage``
+        (all at once); its result (text, never evaluated) on every rank, or the same error on every rank."""
         key = StageKeys(stage).decision(self.placement.node_rank if per_node else -1)
         value: str | None = None
         with self.turn(stage, ordered=False):
@@ -201,7 +199,7 @@ class TurnSchedule:
             return Outcome.of(store.main.get_if_set(keys.closed) or Outcome.GO)
         key = keys.wake(p.node_rank, p.local_rank)
         with watch.waiting(WaitKind.TURN, key, predecessor):
-            return self._block(store.main, key, watch)
+            return Outcome.of(self._block(store, key, watch))
 
     def _end_turn(self, store: StageStore, watch: Watch, record: TurnRecord, ordered: bool, memory_before: int
                   ) -> Outcome:  # fmt: skip
@@ -217,7 +215,7 @@ class TurnSchedule:
         if main.add(keys.finished, 1) >= p.world_size:
             return Outcome.of(main.compare_set(keys.closed, "", Outcome.ENDED.value))
         with watch.waiting(WaitKind.END, keys.closed):
-            return self._block(main, keys.closed, watch)
+            return Outcome.of(self._block(store, keys.closed, watch))
 
     def _wake_successor(self, main: StoreView, keys: StageKeys) -> None:
         successor = self.successor(self.placement.local_rank)
@@ -225,8 +223,8 @@ class TurnSchedule:
             main.compare_set(keys.wake(self.placement.node_rank, successor), "", Outcome.GO.value)  # "failed" stays
 
     @staticmethod
-    def _block(main: StoreView, key: str, watch: Watch) -> Outcome:
-        """The value of ``key`` once set (by a rank or the watch; the timeout is a backstop for a dead watch). The
+    def _block(store: StageStore, key: str, watch: Watch, release_at: float = math.inf) -> str:
+        """The value of ``key`` once set, by a rank or the watch (past ``release_at``, a dead watch's rank itself). The
         ``get`` runs in a helper thread: a signal (Ctrl-C, a launcher's SIGTERM) reaches the main thread at once."""
         outcome: list[Any] = []
 
@@ -234,7 +232,7 @@ class TurnSchedule:
             try:
                 while not outcome:
                     try:
-                        outcome.append(main.get(key))
+                        outcome.append(store.main.get(key))
                     except StoreTimeout:
                         if not watch.alive:
                             raise
@@ -245,39 +243,44 @@ class TurnSchedule:
         thread.start()
         while thread.is_alive():
             thread.join(_SIGNAL_CHECK)
+            if time.monotonic() > release_at and not watch.alive:
+                release_at = math.inf
+                store.side.set(key, "deadline")
         if isinstance(outcome[0], BaseException):
             raise outcome[0]
-        return Outcome.of(outcome[0])
+        return str(outcome[0])
 
     def _abort(
         self, store: StageStore, watch: Watch, own: list[RankFailure], raised: BaseException | None = None
     ) -> CheckpointRestoreError:
-        """End a failed stage on this rank: post ``own`` and acknowledge; wait (at most ``_GATHER_GRACE``: a rank
-        blocked in its turn costs the grace, not a hang) until every rank acknowledged or is gone; read the reports;
-        wait (at most ``_LINGER``) until every rank that acknowledged read them. The error to raise."""
+        """End a failed stage on this rank (``docs/design.md``): post ``own``, acknowledge, wait (``_GATHER_GRACE``)
+        for every rank to, read the reports, wait (``_LINGER``) for every rank to read them. The error to raise."""
         view, keys = store.main, store.keys
         try:
             if own:
                 store.post(own, view)
-            store.acknowledge(view)
-            failures = watch.reports = store.read(view, self._await(watch, view, keys.all_acked, _GATHER_GRACE))
-            self._await(watch, view, keys.all_read, _LINGER)
+            counted = store.acknowledge(view, self.placement.global_rank)
+            all_acked = self._await(store, watch, keys.all_acked, _GATHER_GRACE)
+            failures = watch.reports = store.reports(view, all_acked)
+            if counted:  # else counted on its behalf, read included
+                store.read_done(view, all_acked)
+            self._await(store, watch, keys.all_read, _LINGER)
         except StoreLost as err:
             return self._store_lost(store, watch, err, own, raised)
         return restore_error(self.checkpoint_path, failures + own, self.placement.global_rank, raised)
 
-    @staticmethod
-    def _await(watch: Watch, view: StoreView, key: str, bound: float) -> str:
+    def _await(self, store: StageStore, watch: Watch, key: str, bound: float) -> str:
+        """``key``'s value once set, or ``"deadline"`` once the watch (if it died, this rank) set it at the bound."""
         with watch.waiting(WaitKind.RELEASE, key, release_after=bound):
             try:
-                return view.get(key)
-            except StoreTimeout:  # a dead watch: the backstop
+                if watch.alive:  # a wait of a second or two: the blocking get itself, no helper thread
+                    return store.main.get(key)
+                return self._block(store, key, watch, time.monotonic() + bound)
+            except StoreTimeout:
                 return ""
 
-    def _store_lost(
-        self, store: StageStore, watch: Watch, err: BaseException, own: Sequence[RankFailure] = (),
-        raised: BaseException | None = None,
-    ) -> CheckpointRestoreError:  # fmt: skip
+    def _store_lost(self, store: StageStore, watch: Watch, err: BaseException, own: Sequence[RankFailure] = (),
+                    raised: BaseException | None = None) -> CheckpointRestoreError:  # fmt: skip
         """The error once the store is gone: what this rank read before and its own failures, else the loss itself."""
         rank = self.placement.global_rank
         failures = [*(watch.reports or []), *own] or [store_lost_failure(store.keys.stage, rank, err)]

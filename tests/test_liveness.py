@@ -152,3 +152,14 @@ def test_a_watch_repairs_a_lost_wake_up_and_releases_an_exchange_wait():
             assert 0.25 < time.monotonic() - started < 3.0
     finally:
         schedule.host.stop(watch)
+
+
+def test_a_foreign_identity_leaves_the_watch_running():
+    """A value in a peer's identity key that is not one (any process that can reach the store can write to it)
+    leaves that peer unknown, and the watch runs on."""
+    schedule, store = _stage(world=2, local=1, pid=os.getpid())
+    store.side.set(identity_key(0, 0), "{not json")
+    watch = Watch(schedule, store)
+    now = time.monotonic()
+    assert watch.step(now) and watch.step(now + 2.0)
+    assert schedule.peers.identities == {} and Identity.from_json("[1, 2]") is None

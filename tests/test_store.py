@@ -19,10 +19,10 @@ def _server() -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10), wait_for_workers=False)
 
 
-def _stage(server: dist.TCPStore, rank: int = 0) -> StageStore:
+def _stage(server: dist.TCPStore, rank: int = 0, world: int = 2) -> StageStore:
     main, side = open_namespace(server, rank, 30.0)
     keys = StageKeys(STAGE)
-    return StageStore(keys, main, side, [keys.wake(0, r) for r in range(2)])
+    return StageStore(keys, main, side, [keys.wake(0, r) for r in range(world)])
 
 
 def test_each_schedule_of_a_rank_gets_its_own_namespace_on_two_connections():
@@ -93,19 +93,33 @@ def test_the_ranks_that_acknowledged_and_read_say_so_once_all_have():
     store = _stage(_server())
     failure = RankFailure(1, 0, 1, STAGE, "exception", "ValueError: x")
     store.post([failure], store.side)
-    store.acknowledge(store.main)
+    assert store.acknowledge(store.main, 1)
     assert store.main.get_if_set(store.keys.all_acked) is None
-    assert store.read(store.main, "deadline") == [failure]  # set free at the bound: 1 read of 1 acknowledgement
+    assert store.reports(store.main, "deadline") == [failure]  # set free at the bound: from the key
+    store.read_done(store.main, "deadline")  # 1 read of 1 acknowledgement
     assert store.main.get_if_set(store.keys.all_read) == "1"
     other = _stage(_server())
     other.post([failure], other.side)
-    other.acknowledge(other.main, 2)
+    assert other.acknowledge(other.main, 1) and other.acknowledge(other.side, 0)
     all_acked = other.main.get(other.keys.all_acked)
     other.main.set(other.keys.reports, "")  # what the ranks read is all_acked's copy
-    assert other.read(other.main, all_acked) == [failure]  # 1 read of the whole job's 2
+    assert other.reports(other.main, all_acked) == [failure]
+    other.read_done(other.main, all_acked)  # 1 read of the whole job's 2
     assert other.main.get_if_set(other.keys.all_read) is None
-    assert other.read(other.side, all_acked) == [failure]
+    other.read_done(other.side, all_acked)
     assert other.main.get_if_set(other.keys.all_read) == "1"
+
+
+def test_a_rank_reported_gone_that_comes_back_is_counted_once():
+    """A rank acknowledged on its behalf (reported unresponsive) that comes back is not counted again: the job's
+    count still waits for the rank that has not acknowledged."""
+    store = _stage(_server(), world=3)
+    store.post([RankFailure(1, 0, 1, STAGE, "unresponsive", "silent", reported_by=0)], store.side)
+    assert not store.acknowledge(store.main, 1)  # it came back: acknowledged already, on its behalf
+    assert store.acknowledge(store.main, 0)
+    assert store.main.get_if_set(store.keys.all_acked) is None  # rank 2 has not acknowledged
+    assert store.acknowledge(store.main, 2)
+    assert store.main.get(store.keys.all_acked).startswith("reports\n")
 
 
 def test_a_failure_after_the_stage_ended_changes_nothing():

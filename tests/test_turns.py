@@ -7,6 +7,7 @@ purpose first writes ``fault.json`` with the time it did so.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import multiprocessing
@@ -25,7 +26,9 @@ import torch.distributed as dist
 
 from serialized_restore import CheckpointRestoreError, RankFailure
 from serialized_restore._errors import restore_error
+from serialized_restore._liveness import Watch
 from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING, TURN_TIMEOUT_SETTING
+from serialized_restore._store import StageKeys
 from serialized_restore._turns import RankPlacement, TurnSchedule
 from tests.helpers.store import connect
 
@@ -464,6 +467,19 @@ def test_turn_order_forms_k_chains():
     assert [order.predecessor(r) for r in range(8)] == [None, None, None, 0, 1, 2, 3, 4]
     assert [order.successor(r) for r in range(8)] == [3, 4, 5, 6, 7, None, None, None]
     assert schedule(1, 1).predecessor(0) is None and schedule(1, 1).successor(0) is None
+
+
+def test_a_bounded_wait_ends_at_its_bound_when_the_watch_is_gone():
+    """A wait of the failure exchange ends at its bound even when the rank's watch no longer runs (here, never
+    started): the rank sets the key itself, instead of waiting for the connection's one-hour backstop."""
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10), wait_for_workers=False)
+    schedule = TurnSchedule(store=server, placement=RankPlacement(0, 2, 0, 0, 2), max_concurrent=1,
+                            checkpoint_path=CKPT, turn_timeout=30.0, heartbeat_timeout=30.0)  # fmt: skip
+    store = schedule._open(StageKeys(STAGES[0]))
+    watch = Watch(schedule, store)
+    started = time.monotonic()
+    assert schedule._await(store, watch, store.keys.all_acked, 0.2) == "deadline"
+    assert 0.2 < time.monotonic() - started < 3.0
 
 
 def test_a_single_process_raises_the_original_exception():
