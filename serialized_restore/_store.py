@@ -56,7 +56,8 @@ class StoreView:
     def multi_set(self, keys: list[str], values: list[str]) -> None:
         self._call("multi_set", keys, values)
 
-    def multi_get(self, keys: list[str]) -> list[str]:  # a missing key blocks
+    def multi_get(self, keys: list[str]) -> list[str]:
+        """Values of keys known to be set (a missing key blocks)."""
         return [_text(v) for v in self._call("multi_get", keys)]
 
     def append(self, key: str, value: str) -> None:
@@ -115,7 +116,7 @@ class StageKeys:
         return f"{self._p}log/{node}"
 
     def gone(self, global_rank: int) -> str:
-        """Counts the reports of a rank that is gone: the first acknowledges on its behalf."""
+        """Claimed once: by the rank when it acknowledges, or by its first reporter, who acknowledges for it."""
         return f"{self._p}gone/{global_rank}"
 
     def where(self, node: int, local: int) -> str:
@@ -147,20 +148,19 @@ class StageStore:
             view.multi_set(self.wake_keys, ["failed"] * len(self.wake_keys))
         gone = sum(1 for f in failures if f.kind.gone and view.add(keys.gone(f.global_rank), 1) == 1)
         if gone:
-            view.add(keys.reads, gone)  # first: every count of ``acked`` a reader sees has its reads counted
-            self._count(view, gone)
+            self._count(view, gone, reads=False)
 
     def acknowledge(self, view: StoreView, rank: int, reads: bool = True) -> bool:
         """(a rank itself) Acknowledge, unless a peer did for it (reported gone, it came back); ``reads=False``: it
         will not read the reports either. Whether it counted."""
         if view.add(self.keys.gone(rank), 1) != 1:
             return False
-        if not reads:
-            view.add(self.keys.reads, 1)
-        self._count(view, 1)
+        self._count(view, 1, reads)
         return True
 
-    def _count(self, view: StoreView, acknowledged: int) -> None:
+    def _count(self, view: StoreView, acknowledged: int, reads: bool) -> None:
+        if not reads:  # counted first: every count of acked a reader sees has its reads counted
+            view.add(self.keys.reads, acknowledged)
         # the one that completes the count sets all_acked to the reports, all posted by then: the others read them there
         if view.add(self.keys.acked, acknowledged) >= len(self.wake_keys):
             view.set(self.keys.all_acked, _REPORTS + (view.get_if_set(self.keys.reports) or ""))

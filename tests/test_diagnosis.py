@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-from traceback import FrameSummary
-
 from serialized_restore._diagnosis import timeout_failures
 from serialized_restore._options import TURN_TIMEOUT_SETTING
 from serialized_restore._order import NodeLog
 from serialized_restore._stack import stuck_in
 from serialized_restore._turns import RankPlacement
+from tests.helpers.frames import BROADCAST
 
 STAGE = "restore modules and callbacks"
-
-
-def _frames(*frames: tuple[str, int, str, str]) -> list[FrameSummary]:
-    return [FrameSummary(file, line, name, lookup_line=False, line=source) for file, line, name, source in frames]
-
-
-BROADCAST = _frames(
-    ("train.py", 42, "on_load_checkpoint", "dist.broadcast(t, 0)"),
-    ("/x/torch/distributed/c10d_logger.py", 80, "wrapper", ""),
-    ("/x/torch/distributed/distributed_c10d.py", 2000, "broadcast", ""),
-)
 
 
 def test_timeout_names_the_rank_inside_its_turn_and_its_collective():

@@ -3,20 +3,9 @@
 from __future__ import annotations
 
 import threading
-from traceback import FrameSummary
 
 from serialized_restore._stack import collective, stuck_in, where
-
-
-def _frames(*frames: tuple[str, int, str, str]) -> list[FrameSummary]:
-    return [FrameSummary(file, line, name, lookup_line=False, line=source) for file, line, name, source in frames]
-
-
-BROADCAST = _frames(
-    ("train.py", 42, "on_load_checkpoint", "dist.broadcast(t, 0)"),
-    ("/x/torch/distributed/c10d_logger.py", 80, "wrapper", ""),
-    ("/x/torch/distributed/distributed_c10d.py", 2000, "broadcast", ""),
-)
+from tests.helpers.frames import BROADCAST
 
 
 def test_the_collective_and_its_caller_are_found_past_decorators():
