@@ -4,16 +4,16 @@ available when the restore starts, by local rank 0 of each node for the whole no
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from serialized_restore._memory import format_bytes
-from serialized_restore._options import AUTO, AVAILABLE_MEMORY_SETTING, READER_SETTING, SerializedLoading
-from serialized_restore._readers import choose_reader, local_path
-from serialized_restore._strategy_path import job_schedule
-from serialized_restore._turns import RankPlacement
+from serialized_restore._options import AUTO, AVAILABLE_MEMORY_SETTING, READER_SETTING
+from serialized_restore._readers import local_path
+
+if TYPE_CHECKING:
+    from serialized_restore._plan import RestorePlan
 
 STAGE_PLAN = "plan restore"
 
@@ -49,28 +49,20 @@ def plan_auto(
     return max(k, 0), figures
 
 
-def decide_max_concurrent(
-    settings: SerializedLoading,
-    strategy: Any,
-    placement: RankPlacement,
-    path: Any,
-    source: Any,
-    logger: logging.Logger,
-    owner: str = "Trainer",
-) -> int:
+def decide_max_concurrent(plan: RestorePlan, owner: str = "Trainer") -> int:
     """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it from free memory for reading
-    ``source`` (``path``, or its node-local copy); the other ranks wait for it as for a turn. Raises ``MemoryError``
-    (naming ``owner``, the class given the option) when not even one rank fits."""
+    the plan's source with its reader; the other ranks wait for it as for a turn. Raises ``MemoryError`` (naming
+    ``owner``, the class given the option) when not even one rank fits."""
+    settings, placement, reader, logger = plan.settings, plan.placement, plan.reader, plan.log
     if settings.max_concurrent != AUTO:
         return int(settings.max_concurrent)
-    reader, _ = choose_reader(strategy, source, settings.reader)
-    size = os.path.getsize(local) if (local := local_path(source)) and os.path.isfile(local) else 0
+    size = os.path.getsize(local) if (local := local_path(plan.source)) and os.path.isfile(local) else 0
+    path = plan.checkpoint_path
 
     def decide() -> str:
         return json.dumps(plan_auto(size, reader, placement.local_world_size, settings.available_memory))
 
-    schedule = job_schedule(placement, path, settings, logger)
-    decision = schedule.on_one_rank(STAGE_PLAN, decide, central=placement.local_rank == 0, per_node=True)
+    decision = plan.schedule().on_one_rank(STAGE_PLAN, decide, central=placement.local_rank == 0, per_node=True)
     k, figures = parse_plan(decision or "")
     if placement.local_rank == 0:
         logger.info(f'serialized restore: "auto" chose k={k} for node {placement.node_rank}: {figures}')

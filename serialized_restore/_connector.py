@@ -8,13 +8,14 @@ from __future__ import annotations
 import atexit
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from serialized_restore._auto import decide_max_concurrent
+from serialized_restore._compat import RESTORES_CALLBACKS_ONLY_WHEN_FITTING
 from serialized_restore._flavour import flavour_of
-from serialized_restore._fsdp import FULL, checkpoint_kind, load_full_checkpoint, upstream_reason
+from serialized_restore._fsdp import FULL, load_full_checkpoint, upstream_reason
 from serialized_restore._optimizer_state import Fingerprint, OptimizerSource, converts_on_load, load_in_place
 from serialized_restore._options import SerializedLoading
+from serialized_restore._plan import RestorePlan, StrategyPath, plan_restore
 from serialized_restore._readers import (
     LoadedCheckpoint,
     copy_kept_out_of_mapping,
@@ -23,13 +24,6 @@ from serialized_restore._readers import (
     wait_for_device_copies,
 )
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
-from serialized_restore._strategy_path import (
-    StrategyPath,
-    job_schedule,
-    note_one_rank_per_node,
-    placement_of,
-    strategy_path,
-)
 from serialized_restore._turns import TurnRecord, TurnSchedule
 
 STAGE_FETCH = "fetch checkpoint"
@@ -42,14 +36,11 @@ class _Restore:
     """One serialized restore on one rank. After a failure it stays, holding nothing, so that
     ``restore_incomplete`` holds until the next restore or ``resume_end``."""
 
-    path: Any
-    settings: SerializedLoading
-    how: StrategyPath
     weights_only: bool | None
     fitting: bool
+    plan: RestorePlan | None = None  # None until every rank decided it
     schedule: TurnSchedule | None = None  # stage 1's, taken by stage 2 (TURNS only)
     local_copy: NodeLocalCopy | None = None  # of a remote checkpoint, removed once every rank ended stage 2
-    reading: bool = False  # inside stage 1's resume_start: read with this restore's reader, not upstream's
     loaded: LoadedCheckpoint | None = None  # how stage 1 read the file (the dict lives in _loaded_checkpoint)
     optimizer_source: OptimizerSource = OptimizerSource.IN_DICT
     fingerprint: Fingerprint | None = None  # of the eagerly read optimizer state before the hooks ran (stage 1)
@@ -61,6 +52,9 @@ class _SerializedCheckpointConnectorMixin:
     trainer: Any
     _loaded_checkpoint: dict[str, Any]
     _ckpt_path: Any
+    restore_model: Callable[[], None]
+    restore_datamodule: Callable[[], None]
+    restore_callbacks: Callable[[], None]
 
     def __init__(self, trainer: Any, settings: SerializedLoading | None) -> None:
         super().__init__(trainer)  # type: ignore[call-arg]
@@ -77,38 +71,37 @@ class _SerializedCheckpointConnectorMixin:
 
     # ------------------------------------------------------------- stage 1
 
-    def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
+    def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, *args: Any, **kwargs: Any) -> None:
         """(all ranks) Stage 1: read, hooks, weights, datamodule, callbacks, in the rank's turn (FSDP: all ranks
-        together); then drop what stage 2 does not need."""
+        together); then drop what stage 2 does not need. ``weights_only``, where Lightning passes it, is kept."""
         if self._restore is not None:
             # an earlier restore whose resume_end never ran (its run failed between the stages): free what it holds
             self._abandon(self._restore)
         self._restore = None
-        how = self._choose_path(checkpoint_path)
-        if how is StrategyPath.UPSTREAM:
-            super()._restore_modules_and_callbacks(checkpoint_path, weights_only)  # type: ignore[misc]
+        if self._settings is None or not checkpoint_path:
+            super()._restore_modules_and_callbacks(checkpoint_path, *args, **kwargs)  # type: ignore[misc]
             return
-        assert self._settings is not None  # the option is on: the path is not UPSTREAM
         fitting = self.trainer.state.fn == flavour_of(self).import_("trainer.states", "TrainerFn").FITTING
-        restore = self._restore = _Restore(checkpoint_path, self._settings, how, weights_only, fitting)
-        # as upstream's resume_start does first, also on a rank whose turn never comes because another rank failed
-        self._ckpt_path = checkpoint_path
+        weights_only = kwargs.get("weights_only", args[0] if args else None)
+        restore = self._restore = _Restore(weights_only, fitting)
         try:
-            if how is StrategyPath.FSDP:
-                self._rank_zero_info(upstream_reason(FULL, "", "restore"))
-                self._read_and_restore_modules(restore)
+            restore.plan = plan = plan_restore(
+                self.trainer, "Trainer", self.trainer.serialized_checkpoint_loading, self._settings, checkpoint_path,
+                self._warned_strategies, self._log, fetch=lambda plan: self._fetch(restore, plan),
+            )  # fmt: skip
+            if plan.strategy_path is StrategyPath.UPSTREAM:
+                self._restore = None
+                super()._restore_modules_and_callbacks(checkpoint_path, *args, **kwargs)  # type: ignore[misc]
                 return
-            if is_remote(checkpoint_path):
-                self._fetch(restore)
-            source = restore.local_copy.path if restore.local_copy is not None else checkpoint_path
-            placement = placement_of(self.trainer)
-            k = decide_max_concurrent(
-                restore.settings, self.trainer.strategy, placement, restore.path, source, self._log
-            )
-            schedule = self._make_schedule(restore, k)
-            note_one_rank_per_node(schedule.placement, self._rank_zero_info)
+            # as upstream's resume_start does first, also on a rank whose turn never comes because another failed
+            self._ckpt_path = checkpoint_path
+            if plan.strategy_path is StrategyPath.FSDP:
+                self._rank_zero_info(upstream_reason(FULL, "", "restore"))
+                self._restore_modules(restore, plan)
+                return
+            schedule = plan.schedule(plan.k)
             with schedule.turn(STAGE_MODULES) as record:
-                self._read_and_restore_modules(restore)
+                self._restore_modules(restore, plan)
                 if restore.loaded is not None:
                     record.bytes_read, record.reader = restore.loaded.bytes_read, restore.loaded.reader
             restore.schedule = schedule
@@ -116,18 +109,21 @@ class _SerializedCheckpointConnectorMixin:
             self._abandon(restore)
             raise
 
-    def _fetch(self, restore: _Restore) -> None:
-        """(all ranks) Local rank 0 of each node downloads the remote checkpoint into a new private directory; every
-        rank of the node then checks it, in a second round, so that a refusal on any rank ends the restore on every
-        rank."""
-        schedule = self._make_schedule(restore)
-        restore.local_copy = copy = NodeLocalCopy(restore.path, restore.settings.tmpdir, self._log)
+    def _fetch(self, restore: _Restore, plan: RestorePlan) -> Any:
+        """(all ranks) For a remote checkpoint: local rank 0 of each node downloads it into a new private directory;
+        every rank of the node then checks it, in a second round, so that a refusal on any rank ends the restore on
+        every rank. The path to read."""
+        if not is_remote(plan.checkpoint_path):
+            return plan.checkpoint_path
+        schedule = plan.schedule()
+        restore.local_copy = copy = NodeLocalCopy(plan.checkpoint_path, plan.settings.tmpdir, self._log)
         if self.trainer.local_rank == 0:
             # last resort for a job that dies between the stages: the copy never outlives the process
             atexit.register(copy.remove)
         decision = schedule.on_one_rank(STAGE_FETCH, copy.fetch, central=self.trainer.local_rank == 0, per_node=True)
         with schedule.turn(STAGE_CHECK):
             copy.adopt(decision or "")
+        return copy.path
 
     def _abandon(self, restore: _Restore) -> None:
         """(each rank, after a failed stage) Free what the restore holds; resume_end won't run."""
@@ -141,36 +137,27 @@ class _SerializedCheckpointConnectorMixin:
             copy.remove()
             atexit.unregister(copy.remove)
 
-    def resume_start(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
-        """Upstream's ``resume_start``, except inside a serialized restore's stage 1: then read the restore's way."""
-        restore = self._restore
-        if restore is None or not restore.reading:
-            super().resume_start(checkpoint_path, weights_only)  # type: ignore[misc]
-            return
-        self._ckpt_path = checkpoint_path
-        self._rank_zero_info(f"Restoring states from the checkpoint path at {checkpoint_path}")
-        if restore.how is StrategyPath.FSDP:
-            schedule = self._make_schedule(restore)
+    def _restore_modules(self, restore: _Restore, plan: RestorePlan) -> None:
+        """Upstream's stage 1 (its ``resume_start`` with the plan's reader, then its restore calls in its order);
+        then drop what stage 2 does not need."""
+        path = plan.checkpoint_path
+        self._rank_zero_info(f"Restoring states from the checkpoint path at {path}")
+        if plan.strategy_path is StrategyPath.FSDP:
             strategy = self.trainer.strategy
-            checkpoint = load_full_checkpoint(strategy, checkpoint_path, weights_only, restore.fitting, schedule)
-            self._loaded_checkpoint = self._migrate(checkpoint, checkpoint_path)
-            return
-        restore.loaded = self._read(restore, restore.settings.reader)
-        self._loaded_checkpoint = restore.loaded.checkpoint
-        restore.loaded.checkpoint = {}  # the dict lives in _loaded_checkpoint only
-        if restore.fitting:
-            if restore.loaded.reader == "mmap":
+            checkpoint = load_full_checkpoint(strategy, path, restore.weights_only, restore.fitting, plan.schedule())
+            self._loaded_checkpoint = self._migrate(checkpoint, path)
+        else:
+            restore.loaded = self._read(restore, plan.reader, plan.reason)
+            self._loaded_checkpoint = restore.loaded.checkpoint
+            restore.loaded.checkpoint = {}  # the dict lives in _loaded_checkpoint only
+            if restore.fitting and restore.loaded.reader == "mmap":
                 restore.optimizer_source = OptimizerSource.COPY_FROM_MAPPING
-            else:
+            elif restore.fitting:
                 restore.fingerprint = Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
-
-    def _read_and_restore_modules(self, restore: _Restore) -> None:
-        """Upstream's stage 1, reading the restore's way; then drop what stage 2 does not need."""
-        restore.reading = True
-        try:
-            super()._restore_modules_and_callbacks(restore.path, restore.weights_only)  # type: ignore[misc]
-        finally:
-            restore.reading = False
+        self.restore_model()
+        self.restore_datamodule()
+        if restore.fitting or not RESTORES_CALLBACKS_ONLY_WHEN_FITTING:
+            self.restore_callbacks()
         wait_for_device_copies()
         checkpoint = self._loaded_checkpoint
         if "state_dict" in checkpoint:
@@ -249,12 +236,14 @@ class _SerializedCheckpointConnectorMixin:
 
     # ------------------------------------------------------------- helpers
 
-    def _read(self, restore: _Restore, reader: str) -> LoadedCheckpoint:
+    def _read(self, restore: _Restore, reader: str, reason: str | None = None) -> LoadedCheckpoint:
         """(one rank, inside its turn) Read and migrate the whole checkpoint (or the checked local copy of it)."""
-        source = restore.local_copy.checked_path() if restore.local_copy is not None else restore.path
+        assert restore.plan is not None
+        path = restore.plan.checkpoint_path
+        source = restore.local_copy.checked_path() if restore.local_copy is not None else path
         with flavour_of(self).import_("utilities.migration", "pl_legacy_patch")():
-            loaded = read_checkpoint(self.trainer.strategy, source, restore.weights_only, reader, self._log)
-        loaded.checkpoint = self._migrate(loaded.checkpoint, restore.path)
+            loaded = read_checkpoint(self.trainer.strategy, source, restore.weights_only, reader, reason, self._log)
+        loaded.checkpoint = self._migrate(loaded.checkpoint, path)
         return loaded
 
     def _migrate(self, checkpoint: dict[str, Any], checkpoint_path: Any) -> dict[str, Any]:
@@ -263,20 +252,3 @@ class _SerializedCheckpointConnectorMixin:
 
     def _rank_zero_info(self, message: str) -> None:
         flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(message)
-
-    def _choose_path(self, checkpoint_path: Any) -> StrategyPath:
-        """(all ranks) How the option restores with this strategy; FSDP only with a full checkpoint."""
-        if self._settings is None or not checkpoint_path:
-            return StrategyPath.UPSTREAM
-        strategy = self.trainer.strategy
-        how = strategy_path(strategy, "Trainer", self.trainer.serialized_checkpoint_loading, self._warned_strategies)
-        if how is StrategyPath.FSDP:
-            # FSDP's own load_checkpoint broadcasts the path from rank 0 first: every rank decides on the same path
-            kind, why = checkpoint_kind(strategy, strategy.broadcast(checkpoint_path))
-            if kind != FULL:
-                self._rank_zero_info(upstream_reason(kind, why, "restore"))
-                return StrategyPath.UPSTREAM
-        return how
-
-    def _make_schedule(self, restore: _Restore, max_concurrent: int | None = None) -> TurnSchedule:
-        return job_schedule(placement_of(self.trainer), restore.path, restore.settings, self._log, max_concurrent)

@@ -14,26 +14,19 @@ from enum import Enum
 from typing import Any
 
 from serialized_restore._checkpoint_file import explain_failure
-from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING
+from serialized_restore._placement import RankPlacement
 
 
 class FailureKind(str, Enum):
     """What happened to a failing rank (a ``str``: records stay plain JSON); ``docs/failures.md`` has the table."""
 
     EXCEPTION = "exception"  # it raised during its turn
-    DIED = "died"  # its process exited (seen by a rank on its machine)
-    UNRESPONSIVE = "unresponsive"  # no heartbeat for the heartbeat timeout
-    TIMEOUT = "timeout"  # nothing moved for the turn timeout
+    TIMEOUT = "timeout"  # its turn did not end within the turn timeout
     STORE_LOST = "store lost"  # the process hosting the process group's store is gone
     MALFORMED = "malformed report"  # a record in the store that is not ours (``global_rank`` -1)
 
     def __str__(self) -> str:
         return self.value
-
-    @property
-    def gone(self) -> bool:
-        """A rank of this kind takes no further part in the restore: the others stop waiting for it."""
-        return self in (FailureKind.DIED, FailureKind.UNRESPONSIVE, FailureKind.TIMEOUT, FailureKind.STORE_LOST)
 
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<name>.+)$', re.MULTILINE)
@@ -97,6 +90,17 @@ class RankFailure:
         if not all(isinstance(item, str) for item in data["error_types"]):
             raise ValueError("'error_types' is not a list of strings")
         return cls(**{**data, "error_types": tuple(data["error_types"])})  # an unknown kind: ValueError
+
+    @classmethod
+    def malformed(cls, stage: str, record: str, problem: BaseException) -> RankFailure:
+        """A record in the job's store that could not be read: a failure that says so."""
+        shown = record if len(record) <= 200 else record[:200] + "..."
+        message = (
+            f"a failure record in the job's store could not be read ({problem}): {shown!r}. Another rank reported a"
+            " failure, but its record was damaged or was not written by serialized_restore (any process that can"
+            " reach the job's TCPStore can write to it)."
+        )
+        return cls(-1, None, None, stage, FailureKind.MALFORMED, message)
 
 
 _OPTIONAL_INT = (int, type(None))
@@ -197,16 +201,6 @@ def _merge(failures: list[RankFailure]) -> list[RankFailure]:
     return sorted(chosen.values(), key=lambda f: (f.global_rank, f.reported_by is None, f.kind))
 
 
-def malformed_report(stage: str, record: str, problem: BaseException) -> RankFailure:
-    shown = record if len(record) <= 200 else record[:200] + "..."
-    message = (
-        f"a failure record in the job's store could not be read ({problem}): {shown!r}. Another rank reported a"
-        " failure, but its record was damaged or was not written by serialized_restore (any process that can reach"
-        " the job's TCPStore can write to it)."
-    )
-    return RankFailure(-1, None, None, stage, FailureKind.MALFORMED, message)
-
-
 def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFailure:
     """The loss of the store itself, when nothing read from it before explains the end."""
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
@@ -221,32 +215,8 @@ def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFai
     return RankFailure(rank, node, local, stage, FailureKind.STORE_LOST, message, reported_by=observer)
 
 
-def gone_failure(
-    stage: str, observer: Any, local: int, who: Any, doing: str, silent: float, heartbeat_timeout: float
-) -> RankFailure:
-    """Local rank ``local`` of ``observer``'s node, ``who`` (an ``Identity``): its process exited (``silent`` 0) or
-    its heartbeat has been silent for ``silent`` seconds."""
-    bound = f"{HEARTBEAT_TIMEOUT_SETTING} (seconds, now {heartbeat_timeout:g})"
-    if not silent:
-        message = (
-            f"its process (pid {who.pid}) exited while {doing} of stage {stage!r}: it was probably killed (for example"
-            f" by the out-of-memory killer) or crashed without raising. Ranks on other machines are declared dead after"
-            f" {bound} without a heartbeat."
-        )
-    else:
-        message = (
-            f"stopped responding while {doing} of stage {stage!r}: no heartbeat for {silent:.1f}s. The process"
-            f" probably died (killed, out of memory) or its machine is unreachable. Set {bound} to change how long"
-            " ranks wait for a silent rank."
-        )
-    kind = FailureKind.UNRESPONSIVE if silent else FailureKind.DIED
-    return RankFailure(
-        who.global_rank, observer.node_rank, local, stage, kind, message, reported_by=observer.global_rank
-    )
-
-
-def failure_from_exception(rank: Any, stage: str, err: BaseException, checkpoint_path: str) -> RankFailure:
-    """The record of an exception raised on this rank (``rank``: a placement), its message led by what is wrong with
+def failure_from_exception(rank: RankPlacement, stage: str, err: BaseException, checkpoint_path: str) -> RankFailure:
+    """The record of an exception raised on this rank, its message led by what is wrong with
     the file when that can be told."""
     message = f"{type(err).__name__}: {err}"
     explanation = explain_failure(checkpoint_path, err)

@@ -12,11 +12,10 @@ from typing import Any, Callable
 
 import torch
 
-from serialized_restore._auto import decide_max_concurrent
 from serialized_restore._environment import options_from
 from serialized_restore._flavour import flavour_of
-from serialized_restore._fsdp import FULL, checkpoint_kind, load_optimizer_states, load_weights, upstream_reason
-from serialized_restore._options import SerializedLoading
+from serialized_restore._fsdp import FULL, load_optimizer_states, load_weights, upstream_reason
+from serialized_restore._plan import RestorePlan, StrategyPath, plan_restore
 from serialized_restore._readers import (
     copy_kept_out_of_mapping,
     copy_out_of_mapping,
@@ -25,13 +24,6 @@ from serialized_restore._readers import (
     read_checkpoint,
     storages_of,
     wait_for_device_copies,
-)
-from serialized_restore._strategy_path import (
-    StrategyPath,
-    job_schedule,
-    note_one_rank_per_node,
-    placement_of,
-    strategy_path,
 )
 from serialized_restore._trainer import SerializedCheckpointLoading
 
@@ -76,21 +68,29 @@ class SerializedFabricMixin:
 
     @contextlib.contextmanager
     def _loading_in_turns(self) -> Iterator[None]:
-        """While upstream's ``load`` / ``load_raw`` runs, its call of ``strategy.load_checkpoint`` becomes a turn."""
+        """While upstream's ``load`` / ``load_raw`` runs, its call of ``strategy.load_checkpoint`` loads as planned."""
         strategy, settings = self._strategy, self._serialized_settings
-        way = StrategyPath.UPSTREAM
-        if settings is not None:
-            way = strategy_path(strategy, "Fabric", self._serialized_value, self._serialized_warned)
-        if settings is None or way is StrategyPath.UPSTREAM:
+        if settings is None:
             yield
             return
-        how = self._load_fsdp if way is StrategyPath.FSDP else self._load_in_turn
         upstream = strategy.load_checkpoint
 
         def load_checkpoint(
             path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
         ) -> dict[str, Any]:
-            return how(settings, upstream, path, state, strict, weights_only)
+            modules = {}
+            if isinstance(state, dict):
+                has_fsdp_modules = flavour_of(self).import_("strategies.fsdp", "_has_fsdp_modules", fabric=True)
+                modules = {key: obj for key, obj in state.items() if has_fsdp_modules(obj)}
+            plan = plan_restore(
+                self, "Fabric", self._serialized_value, settings, path, self._serialized_warned, self._serialized_log,
+                fsdp=len(modules) == 1,
+            )  # fmt: skip
+            if plan.strategy_path is StrategyPath.UPSTREAM:
+                return upstream(path=path, state=state, strict=strict, weights_only=weights_only)
+            if plan.strategy_path is StrategyPath.FSDP:
+                return self._load_fsdp(plan, modules, state, strict)
+            return self._load_in_turn(plan, upstream, state, strict, weights_only)
 
         strategy.load_checkpoint = load_checkpoint
         try:
@@ -98,21 +98,18 @@ class SerializedFabricMixin:
         finally:
             del strategy.load_checkpoint  # the instance attribute: the class's method shows through again
 
-    def _load_in_turn(
-        self, settings: SerializedLoading, upstream: _Load, path: Any, state: Any, strict: bool, weights_only: Any
-    ) -> dict[str, Any]:
+    def _load_in_turn(self, plan: RestorePlan, upstream: _Load, state: Any, strict: bool, weights_only: Any
+                      ) -> dict[str, Any]:  # fmt: skip
         """(all ranks) Upstream's ``strategy.load_checkpoint`` in this rank's turn, on the checkpoint read with the
-        restore's reader (its ``checkpoint_io`` hands it over); then, every rank at once, copy what the rank keeps out
+        plan's reader (its ``checkpoint_io`` hands it over); then, every rank at once, copy what the rank keeps out
         of the mapping."""
-        strategy, log = self._strategy, self._serialized_log
-        placement = placement_of(self)
-        k = decide_max_concurrent(settings, strategy, placement, path, path, log, owner="Fabric")
-        schedule = job_schedule(placement, path, settings, log, k)
-        note_one_rank_per_node(placement, self._rank_zero_info)
+        strategy, path = self._strategy, plan.checkpoint_path
+        schedule = plan.schedule(plan.k)
         with schedule.turn(STAGE_LOAD) as record:
             loaded = read_checkpoint(
-                strategy, path, weights_only, settings.reader, log, read_eagerly=strategy.checkpoint_io.load_checkpoint
-            )
+                strategy, path, weights_only, plan.reader, plan.reason, plan.log,
+                read_eagerly=strategy.checkpoint_io.load_checkpoint,
+            )  # fmt: skip
             record.bytes_read, record.reader = loaded.bytes_read, loaded.reader
             mapped = storages_of(loaded.checkpoint) if loaded.reader == "mmap" else set()
             if mapped:
@@ -132,30 +129,17 @@ class SerializedFabricMixin:
             wait_for_device_copies()
         return remainder
 
-    def _load_fsdp(
-        self, settings: SerializedLoading, upstream: _Load, path: Any, state: Any, strict: bool, weights_only: Any
-    ) -> dict[str, Any]:
-        """(all ranks together) FSDP's ``load_checkpoint``: a full checkpoint into a state holding one FSDP model is
-        read memory-mapped, each rank copying only its shard (``_fsdp.py``); any other call is upstream's. As
-        upstream's full-checkpoint path, the file is unpickled without restriction whatever ``weights_only`` says."""
-        strategy, log = self._strategy, self._serialized_log
-        if not state or not isinstance(state, dict):
-            return upstream(path=path, state=state, strict=strict, weights_only=weights_only)
-        flavour = flavour_of(self)
-        has_fsdp_modules = flavour.import_("strategies.fsdp", "_has_fsdp_modules", fabric=True)
-        # upstream's first step, so that every rank decides on rank 0's path
-        path = Path(strategy.broadcast(path))
-        modules = {key: obj for key, obj in state.items() if has_fsdp_modules(obj)}
-        kind, why = checkpoint_kind(strategy, path)
-        if kind != FULL or len(modules) != 1:
-            if kind != FULL:
-                self._rank_zero_info(upstream_reason(kind, why, "load"))
-            return upstream(path=path, state=state, strict=strict, weights_only=weights_only)
+    def _load_fsdp(self, plan: RestorePlan, modules: dict[str, Any], state: dict[str, Any], strict: bool
+                   ) -> dict[str, Any]:  # fmt: skip
+        """(all ranks together) FSDP's ``load_checkpoint`` of a full checkpoint into a state holding one FSDP model,
+        memory-mapped, each rank copying only its shard (``_fsdp.py``). As upstream's full-checkpoint path, the file is
+        unpickled without restriction whatever ``weights_only`` says."""
+        strategy, flavour = self._strategy, flavour_of(self)
         self._rank_zero_info(upstream_reason(FULL, "", "load"))
         ((module_key, module),) = modules.items()
         optimizers = {key: obj for key, obj in state.items() if isinstance(obj, torch.optim.Optimizer)}
-        schedule = job_schedule(placement_of(self), path, settings, log)
-        checkpoint = load_mmap(path, "cpu", False)
+        schedule = plan.schedule()
+        checkpoint = load_mmap(Path(plan.source), "cpu", False)
         mapped = storages_of(checkpoint)
         load_weights(strategy, checkpoint.pop(module_key), module, strict=strict)
         states = [checkpoint.pop(key) for key in optimizers]

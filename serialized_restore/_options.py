@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal, SupportsIndex
 
@@ -13,7 +14,6 @@ from lightning_utilities.core.imports import RequirementCache
 AUTO: Literal["auto"] = "auto"
 # how messages name each setting
 TURN_TIMEOUT_SETTING = "`SerializedLoading(turn_timeout=...)`"
-HEARTBEAT_TIMEOUT_SETTING = "`SerializedLoading(heartbeat_timeout=...)`"
 READER_SETTING = "`SerializedLoading(reader=...)`"
 TMPDIR_SETTING = "`SerializedLoading(tmpdir=...)`"
 AVAILABLE_MEMORY_SETTING = "`SerializedLoading(available_memory=...)`"
@@ -38,8 +38,9 @@ class SerializedLoading:
     ``"mmap"`` (the same, logging why when it cannot), ``"eager"`` (always as upstream reads it)."""
     turn_timeout: float = 1800.0
     """Seconds a waiting rank waits while no turn of its node starts or ends."""
-    heartbeat_timeout: float = 60.0
-    """Seconds after which a silent rank on another machine counts as dead."""
+    heartbeat_timeout: float | None = None
+    """Deprecated, no effect: a rank that stops is found at the turn timeout, as upstream finds it at the process
+    group's timeout (``docs/failures.md``)."""
     tmpdir: str | None = None
     """The directory for the per-node copy of a remote checkpoint; ``None``: the system's temporary directory."""
     available_memory: int | None = None
@@ -55,8 +56,17 @@ class SerializedLoading:
             raise ValueError(f"`SerializedLoading(reader={self.reader!r})`: expected one of {', '.join(READERS)}.")
         for name in ("turn_timeout", "heartbeat_timeout"):
             value = getattr(self, name)
+            if name == "heartbeat_timeout" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"`SerializedLoading({name}={value!r})`: expected a positive number of seconds.")
+        if self.heartbeat_timeout is not None:
+            warnings.warn(
+                "`SerializedLoading(heartbeat_timeout=...)` is deprecated and has no effect: a rank that stops is"
+                " found at the turn timeout, `SerializedLoading(turn_timeout=...)`.",
+                DeprecationWarning,
+                stacklevel=3,
+            )
         if self.tmpdir is not None and not isinstance(self.tmpdir, (str, os.PathLike)):
             raise ValueError(f"`SerializedLoading(tmpdir={self.tmpdir!r})`: expected a directory path or None.")
         memory = self.available_memory

@@ -128,14 +128,15 @@ def read_checkpoint(
     path: Any,
     weights_only: bool | None,
     reader: str,
+    reason: str | None = None,
     logger: logging.Logger = log,
     read_eagerly: Callable[..., Any] | None = None,
 ) -> LoadedCheckpoint:
-    """(one rank, inside its turn) Read the whole checkpoint with the reader :func:`choose_reader` picks, saying on
-    ``logger`` why not memory-mapped if so. Eager reading calls ``read_eagerly`` (default: the strategy's
-    ``load_checkpoint``). Memory-mapped, private memory grows by the unpickled containers only; eager, by the file."""
-    chosen, reason = choose_reader(strategy, path, reader)
-    if chosen == "mmap":
+    """(one rank, inside its turn) Read the whole checkpoint with ``reader`` (``"mmap"`` or ``"eager"``, as
+    :func:`choose_reader` chose it), saying on ``logger`` why not memory-mapped (``reason``) if so. Eager reading calls
+    ``read_eagerly`` (default: the strategy's ``load_checkpoint``). Memory-mapped, private memory grows by the
+    unpickled containers only; eager, by the file."""
+    if reader == "mmap":
         # as TorchCheckpointIO: keep the device each tensor was saved from
         checkpoint = load_mmap(path, lambda storage, loc: storage, weights_only)
     else:
@@ -144,7 +145,7 @@ def read_checkpoint(
         checkpoint = (read_eagerly or strategy.load_checkpoint)(path, weights_only=weights_only)
     local = local_path(path)
     size = os.path.getsize(local) if local is not None and os.path.isfile(local) else 0
-    return LoadedCheckpoint(checkpoint, chosen, size)
+    return LoadedCheckpoint(checkpoint, reader, size)
 
 
 def wait_for_device_copies() -> None:

@@ -1,62 +1,43 @@
-"""The turn schedule: which local rank of a node restores when, and how a failure reaches every rank, through the
-default process group's store, never through collectives (``docs/design.md``). Per stage, a rank's main thread (here)
-and its watch (``_liveness.Watch``) share one ``_store.StageStore``."""
+"""The turn schedule: which local rank of a node restores when, and how a failure reaches every rank, on the job's own
+store client (``docs/design.md``, *The turn schedule*): blocking ``get`` with a timeout, ``add``, ``set``,
+``compare_set`` and ``multi_set``; no collective, no thread, no second connection, no polling."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import faulthandler
 import logging
 import math
-import threading
+import os
+import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Callable
+from typing import Callable
 
 import torch.distributed as dist
 
 from serialized_restore._errors import (
-    CheckpointRestoreError,
+    FailureKind,
     RankFailure,
     failure_from_exception,
     restore_error,
     store_lost_failure,
 )
-from serialized_restore._liveness import OwnThread, PeerWatch, WaitKind, Watch, WatchHost, announce
 from serialized_restore._memory import format_bytes, private_memory
-from serialized_restore._order import NodeLog
-from serialized_restore._store import StageKeys, StageStore, StoreLost, StoreTimeout, StoreView, open_namespace
+from serialized_restore._options import TURN_TIMEOUT_SETTING
+from serialized_restore._placement import RankPlacement
 
 log = logging.getLogger(__name__)
 
-_BACKSTOP = 3600.0  # the main connection's timeout: a wait is issued again after it while the watch lives
-_SIGNAL_CHECK = 1.0  # how often a waiting main thread wakes to let Python run signal handlers (no store traffic)
-_GATHER_GRACE = 1.0  # how long a failed stage waits for every rank to acknowledge (one inside its turn does at its end)
-_LINGER = 2.0  # how long it waits for every rank that acknowledged to read the reports (rank 0 hosts the store)
+GO, FAILED, ENDED = "go", "failed", "ended"
+_LINGER = 2.0  # how long a failed stage keeps the store's host, rank 0, for the other ranks to read the verdict
+_GENERATIONS: dict[int, tuple[dist.Store, int]] = {}  # per job store: how many schedules this process has made on it
 
 
-class Outcome(str, Enum):
-    """How a wait ends: the value its key was set to; any other value (another client of the store) is a failure."""
-
-    GO = "go"  # the predecessor ended its turn (or there is none)
-    ENDED = "ended"  # every rank ended the stage
-    FAILED = "failed"  # a rank posted a failure first
-
-    @classmethod
-    def of(cls, value: str) -> Outcome:
-        return cls._value2member_map_.get(value, cls.FAILED)  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class RankPlacement:
-    """Where a process sits in the job."""
-
-    global_rank: int
-    world_size: int
-    node_rank: int
-    local_rank: int
-    local_world_size: int
+class StoreLost(Exception):
+    """The job's store could not be reached: its host (rank 0, or torchrun's agent) exited or the connection broke."""
 
 
 @dataclass
@@ -71,10 +52,39 @@ class TurnRecord:
     reader: str = ""
 
 
+class _Stage:
+    """One stage's keys. ``verdict`` is decided once (``compare_set``: ``ended`` by the rank whose end completes
+    ``done``, else the first failure's record) and copied to ``closed``, the key ranks wait on."""
+
+    def __init__(self, prefix: str, stage: str, p: RankPlacement, k: int) -> None:
+        self.name, self.k = stage, k
+        self._p = f"{prefix}{stage.replace(' ', '_')}/"
+        self.done, self.verdict, self.closed = self._p + "done", self._p + "verdict", self._p + "closed"
+        self.reads, self.all_read = self._p + "reads", self._p + "all_read"
+        self._nodes, self._lws = p.nodes, p.local_world_size
+
+    def every_wake(self) -> list[str]:
+        """Every rank's wake-up key, and per chain the key ``L + i`` its last turn sets (its timer waits for it)."""
+        return [self.wake(n, r) for n in range(self._nodes) for r in range(self._lws + self.k)]
+
+    def wake(self, node: int, local: int) -> str:
+        """Set to ``go`` by the rank ``k`` places ahead at the end of its turn, or to ``failed`` by a failing rank."""
+        return f"{self._p}wake/{node}/{local}"
+
+    def decision(self, node: int) -> str:
+        return f"{self._p}decision/{node}"
+
+
 class TurnSchedule:
-    """Runs the stages of a restore in turns: every rank calls :meth:`turn` once per stage, in the same order; per
-    node, local rank ``r`` starts when ``r - k`` has ended (``k = max_concurrent``), and every rank waits for the job
-    to end the stage before the next one (which may run collectives). ``host`` runs the rank's watches."""
+    """Runs the stages of a restore in turns. Every rank calls :meth:`turn` once per stage, in the same order. Per
+    node, local rank ``r`` starts when ``r - k`` has ended (``k = max_concurrent``): ``k`` chains of turns. Every rank
+    waits for the whole job to end the stage before the next one, which may run collectives.
+
+    Each turn has two timers: its successor, waiting for it, counts ``turn_timeout`` from the moment the turn could
+    start; its predecessor counts from its own end when it has no successor (the chain's last turn). Either posts a
+    timeout naming the rank whose turn it is; a rank's own exception is posted by that rank. One failure decides the
+    stage on every rank: the failing rank raises its own exception, every other rank a :class:`CheckpointRestoreError`.
+    """
 
     def __init__(
         self,
@@ -84,234 +94,255 @@ class TurnSchedule:
         max_concurrent: int,
         checkpoint_path: str,
         turn_timeout: float,
-        heartbeat_timeout: float,
         logger: logging.Logger = log,
-        host: WatchHost | None = None,
     ) -> None:
         self.placement = p = placement
         self.max_concurrent = max(1, min(max_concurrent, p.local_world_size))
         self.checkpoint_path = checkpoint_path
-        self.turn_timeout, self.heartbeat_timeout = turn_timeout, heartbeat_timeout
+        self.turn_timeout = turn_timeout
         self.log = logger
-        self.host: WatchHost = host if host is not None else OwnThread()
-        self.peers = PeerWatch(p.global_rank, p.local_rank, p.local_world_size, heartbeat_timeout)
-        self._job_store = store if p.world_size > 1 else None
-        self._views: tuple[StoreView, StoreView] | None = None
+        self._store = store if p.world_size > 1 else None
+        self._prefix = ""
+        if self._store is not None:
+            # the n-th schedule of each rank meets the n-th of every other: ranks make them in the same order
+            _, generation = _GENERATIONS.get(id(self._store), (self._store, 0))
+            _GENERATIONS[id(self._store)] = (self._store, generation + 1)
+            self._prefix = f"serialized_restore/{generation}/"
 
     @contextlib.contextmanager
     def turn(self, stage: str, *, ordered: bool = True, logged: bool | None = None) -> Iterator[TurnRecord]:
-        """Run the body of the ``with`` block as this rank's turn of ``stage``; :class:`CheckpointRestoreError` on
-        every rank if any rank fails, times out or stops responding. ``ordered=False``: every turn at once.
-        ``logged`` (default: ``ordered``): each rank logs its turn, and local rank 0 the node's summary."""
+        """(all ranks) Run the ``with`` block as this rank's turn of ``stage``; ``ordered=False``: every rank at once.
+        ``logged`` (default: ``ordered``): the rank logs its turn's start and end."""
         p, record = self.placement, TurnRecord(stage=stage)
         logged = ordered if logged is None else logged
-        if self._job_store is None:
-            if logged:
-                self.log.info(f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started")
-            start = time.monotonic()
-            yield record  # nothing to coordinate: an exception is raised as it is, exactly as upstream raises it
-            record.duration = time.monotonic() - start
-            if logged:
-                self._log_turn_end(record)
-            return
+        keys = _Stage(self._prefix, stage, p, self.max_concurrent if ordered else p.local_world_size)
+        arrived = time.monotonic()
+        if self._store is not None:
+            with self._store_lost_raises(stage):
+                self._wait_for_turn(keys, arrived)
+        record.waited = time.monotonic() - arrived
+        if logged:
+            waited = f"after waiting {record.waited:.2f}s" if ordered else "with the node's other ranks at once"
+            self.log.info(f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started {waited}")
+        started, memory_before = time.monotonic(), private_memory()
+        with contextlib.suppress(Exception):  # no stderr file descriptor: no stack, as without faulthandler
+            # the stack of a rank stuck in its turn, printed by that rank when its timers give up on it
+            faulthandler.dump_traceback_later(self.turn_timeout, exit=False)
         try:
-            store = self._open(StageKeys(stage))
-        except StoreLost as err:
-            failure = store_lost_failure(stage, p.global_rank, err)
-            raise restore_error(self.checkpoint_path, [failure], p.global_rank) from None
-        watch = Watch(self, store)
-        self.host.start(watch)
-        try:
-            waited_from = time.monotonic()
-            if self._wait_for_turn(store, watch, ordered) is not Outcome.GO:
-                raise self._abort(store, watch, [])
-            record.waited = time.monotonic() - waited_from
-            store.main.append(store.keys.log(p.node_rank), NodeLog.start_line(p.local_rank, time.time()))
-            if logged:
-                waited = f"after waiting {record.waited:.2f}s" if ordered else "with the node's other ranks at once"
-                self.log.info(f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started {waited}")
-            started, memory_before = time.monotonic(), private_memory()
-            try:
-                with watch.waiting(WaitKind.BODY):
-                    yield record
-            except (KeyboardInterrupt, SystemExit) as err:
-                with contextlib.suppress(StoreLost):  # tell the others, without waiting for them
-                    store.post([failure_from_exception(p, stage, err, self.checkpoint_path)], store.main)
-                    store.acknowledge(store.main, p.global_rank, reads=False)
-                raise
-            except BaseException as err:
-                error = self._abort(store, watch, [failure_from_exception(p, stage, err, self.checkpoint_path)], err)
-                # one traceback, down to where the body raised; the body's exception stays the error's __context__
-                raise error.with_traceback(err.__traceback__) from None
-            record.duration = time.monotonic() - started
-            # logged before the turn is announced as ended: log timestamps of consecutive turns never overlap
-            if logged:
-                self._log_turn_end(record)
-            if self._end_turn(store, watch, record, ordered, memory_before) is not Outcome.ENDED:
-                raise self._abort(store, watch, [])
-            if logged and p.local_rank == 0:
-                self._log_node_summary(store, ordered)
-        except StoreLost as err:  # the store's own operations above; the body's exceptions never get here
-            raise self._store_lost(store, watch, err) from None
-        finally:
-            self.host.stop(watch)
+            yield record
+        except BaseException as err:
+            faulthandler.cancel_dump_traceback_later()
+            if self._store is not None:
+                self._fail_own_turn(keys, err)
+            raise  # unchanged, as upstream raises it
+        faulthandler.cancel_dump_traceback_later()
+        record.duration = time.monotonic() - started
+        if logged:  # before the successor is woken: log lines of consecutive turns never overlap
+            self._log_turn_end(record, private_memory() - memory_before)
+        if self._store is not None:
+            with self._store_lost_raises(stage):
+                self._end_turn(keys, arrived)
 
     def on_one_rank(
         self, stage: str, compute: Callable[[], str | None], *, central: bool, per_node: bool = False
     ) -> str | None:
         """(all ranks) ``compute()`` on the ``central`` rank (of the job, or of each node) in its turn of ``stage``
-        (all at once); its result (text, never evaluated) on every rank, or the same error on every rank."""
-        key = StageKeys(stage).decision(self.placement.node_rank if per_node else -1)
+        (all ranks at once); its result (text, never evaluated) on every rank, or the same error on every rank."""
         value: str | None = None
+        key = f"{self._prefix}{stage.replace(' ', '_')}/decision/{self.placement.node_rank if per_node else -1}"
         with self.turn(stage, ordered=False):
             if central:
                 value = compute()
-                if value is not None and self._views is not None:
-                    self._views[0].set(key, value)
-        if not central and self._views is not None:
-            value = self._views[0].get_if_set(key)
+                if self._store is not None:
+                    with self._store_lost_raises(stage):
+                        self._call("set", key, "" if value is None else value)
+        if not central and self._store is not None:  # set before the stage ended: never blocks
+            with self._store_lost_raises(stage):
+                value = self._call("get", key) or None
         return value
 
-    def predecessor(self, local: int) -> int | None:
-        """Whom local rank ``local`` waits for: ``k`` chains of turns, one turn at a time each."""
-        return local - self.max_concurrent if local >= self.max_concurrent else None
+    def _wait_for_turn(self, keys: _Stage, arrived: float) -> None:
+        """Block until the rank ``k`` places ahead ended its turn: first until it could start (the backstop bound is a
+        turn timeout per turn ahead of it), then for at most the turn timeout."""
+        p, k, timeout = self.placement, keys.k, self.turn_timeout
+        ahead = p.local_rank - k
+        if ahead < 0:
+            return
+        if ahead >= k:
+            bound = timeout * (ahead // k + 1)  # a turn more than it needs: the timers of those turns come first
+            if self._get(keys.wake(p.node_rank, ahead), bound - (time.monotonic() - arrived)) is None:
+                self._raise_verdict(keys, self._post(keys, self._stalled(keys, ahead - k, bound)))
+        value = self._get(keys.wake(p.node_rank, p.local_rank), timeout)
+        if value is None:
+            self._raise_verdict(keys, self._post(keys, self._timed_out(keys, ahead)))
+        elif value != GO:
+            self._raise_verdict(keys, self._get(keys.closed, math.inf) or "")
 
-    def successor(self, local: int) -> int | None:
-        after = local + self.max_concurrent
-        return after if after < self.placement.local_world_size else None
+    def _end_turn(self, keys: _Stage, arrived: float) -> None:
+        """Count this turn as ended and wake the rank ``k`` places behind (or mark the chain's end); time that rank
+        when its turn ends the chain; then wait for every rank of the job to end the stage: its fate."""
+        p, k, lws = self.placement, keys.k, self.placement.local_world_size
+        closing = int(self._call("add", keys.done, 1)) >= p.world_size
+        behind = p.local_rank + k
+        if k < lws:
+            self._call("set", keys.wake(p.node_rank, behind), GO)
+        if closing:
+            verdict = self._call("compare_set", keys.verdict, "", ENDED)
+            self._call("set", keys.closed, verdict)
+        else:
+            if behind < lws <= behind + k and self._get(keys.wake(p.node_rank, behind + k), self.turn_timeout) is None:
+                self._post(keys, self._timed_out(keys, behind))
+            # a turn more than the chain needs where turns have timers (no stage of all ranks at once waits longer)
+            bound = self.turn_timeout * (math.ceil(lws / k) + (k < lws))
+            verdict = self._get(keys.closed, bound - (time.monotonic() - arrived)) or self._post(
+                keys, self._stalled(keys, None, bound)
+            )
+        self._raise_verdict(keys, verdict)
 
-    def _open(self, keys: StageKeys) -> StageStore:
-        """(all ranks) The stage's store; in the schedule's first stage, take its namespace and say who this rank is."""
+    def _fail_own_turn(self, keys: _Stage, err: BaseException) -> None:
+        """Post this rank's exception (``KeyboardInterrupt`` included: nobody waits for a rank that left). When the
+        stage had failed already because this rank's turn timed out, raise that error instead, from ``err``."""
         p = self.placement
-        if self._views is None:
-            self._views = open_namespace(self._job_store, p.global_rank, _BACKSTOP)
-            announce(self._views[1], p)
-        nodes = max(1, p.world_size // p.local_world_size)
-        wake_keys = [keys.wake(n, r) for n in range(nodes) for r in range(p.local_world_size)]
-        return StageStore(keys, self._views[0], self._views[1], wake_keys)
+        with contextlib.suppress(StoreLost):
+            verdict = self._post(keys, failure_from_exception(p, keys.name, err, self.checkpoint_path))
+            first = self._failures(keys, verdict)[0]
+            if first.kind is FailureKind.TIMEOUT and first.global_rank == p.global_rank:
+                self._raise_verdict(keys, verdict, err)
+            self._acknowledge(keys)
 
-    def _wait_for_turn(self, store: StageStore, watch: Watch, ordered: bool) -> Outcome:
-        # unordered, every rank runs its body, as every upstream rank would have, and learns of a failure at the end
-        p, keys, predecessor = self.placement, store.keys, self.predecessor(self.placement.local_rank)
-        if not ordered:
-            return Outcome.GO
-        if predecessor is None:
-            return Outcome.of(store.main.get_if_set(keys.closed) or Outcome.GO)
-        key = keys.wake(p.node_rank, p.local_rank)
-        with watch.waiting(WaitKind.TURN, key, predecessor):
-            return Outcome.of(self._block(store, key, watch))
+    def _post(self, keys: _Stage, failure: RankFailure) -> str:
+        """Decide the stage as failed unless it was decided already, wake every waiting rank of the job; the verdict.
+        A rank named as timed out, which may never read it, is counted as having read it."""
+        record = FAILED + "\n" + failure.to_json()
+        verdict = self._call("compare_set", keys.verdict, "", record)
+        self._call("set", keys.closed, verdict)
+        if verdict != ENDED:
+            wake = keys.every_wake()
+            self._call("multi_set", wake, [FAILED] * len(wake))
+        if verdict == record and failure.kind is FailureKind.TIMEOUT and failure.global_rank > 0:
+            self._count_read(keys)
+        return verdict
 
-    def _end_turn(self, store: StageStore, watch: Watch, record: TurnRecord, ordered: bool, memory_before: int
-                  ) -> Outcome:  # fmt: skip
-        """Log the end of this rank's turn, wake its successor and wait for every rank to end the stage: its fate."""
-        p, keys, main = self.placement, store.keys, store.main
-        memory = private_memory()
-        mapped = record.bytes_read if record.reader == "mmap" else 0
-        line = NodeLog.end_line(p.local_rank, record.duration, mapped, record.bytes_read - mapped,
-                                record.bytes_copied, memory, memory - memory_before)  # fmt: skip
-        main.append(keys.log(p.node_rank), line)
-        if ordered:
-            self._wake_successor(main, keys)
-        if main.add(keys.finished, 1) >= p.world_size:
-            return Outcome.of(main.compare_set(keys.closed, "", Outcome.ENDED.value))
-        with watch.waiting(WaitKind.END, keys.closed):
-            return Outcome.of(self._block(store, keys.closed, watch))
+    def _raise_verdict(self, keys: _Stage, verdict: str, own: BaseException | None = None) -> None:
+        """Raise the error of a failed stage's ``verdict``, once this rank has acknowledged it."""
+        if verdict == ENDED:
+            return
+        with contextlib.suppress(StoreLost):
+            self._acknowledge(keys)
+        failures = self._failures(keys, verdict)
+        raise restore_error(self.checkpoint_path, failures, self.placement.global_rank, own) from own
 
-    def _wake_successor(self, main: StoreView, keys: StageKeys) -> None:
-        successor = self.successor(self.placement.local_rank)
-        if successor is not None:
-            main.compare_set(keys.wake(self.placement.node_rank, successor), "", Outcome.GO.value)  # "failed" stays
+    def _acknowledge(self, keys: _Stage) -> None:
+        """(a rank that knows the stage failed) Rank 0 hosts the store, and its exit ends it: it waits (at most
+        ``_LINGER``) for every other rank to have read the verdict; the others say they have."""
+        if self.placement.global_rank != 0:
+            self._count_read(keys)
+        elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+            self._get(keys.all_read, _LINGER)
+
+    def _count_read(self, keys: _Stage) -> None:
+        if int(self._call("add", keys.reads, 1)) == self.placement.world_size - 1:
+            self._call("set", keys.all_read, "1")
 
     @staticmethod
-    def _block(store: StageStore, key: str, watch: Watch, release_at: float = math.inf) -> str:
-        """The value of ``key`` once set, by a rank or the watch (past ``release_at``, a dead watch's rank itself). The
-        ``get`` runs in a helper thread: a signal (Ctrl-C, a launcher's SIGTERM) reaches the main thread at once."""
-        outcome: list[Any] = []
-
-        def wait() -> None:
-            try:
-                while not outcome:
-                    try:
-                        outcome.append(store.main.get(key))
-                    except StoreTimeout:
-                        if not watch.alive:
-                            raise
-            except BaseException as err:
-                outcome.append(err)
-
-        thread = threading.Thread(target=wait, name="serialized-restore-wait", daemon=True)
-        thread.start()
-        while thread.is_alive():
-            thread.join(_SIGNAL_CHECK)
-            if time.monotonic() > release_at and not watch.alive:
-                release_at = math.inf
-                store.side.set(key, "deadline")
-        if isinstance(outcome[0], BaseException):
-            raise outcome[0]
-        return str(outcome[0])
-
-    def _abort(
-        self, store: StageStore, watch: Watch, own: list[RankFailure], raised: BaseException | None = None
-    ) -> CheckpointRestoreError:
-        """End a failed stage on this rank (``docs/design.md``): post ``own``, acknowledge, wait (``_GATHER_GRACE``)
-        for every rank to, read the reports, wait (``_LINGER``) for every rank to read them. The error to raise."""
-        view, keys = store.main, store.keys
+    def _failures(keys: _Stage, verdict: str) -> list[RankFailure]:
+        """The failure a verdict carries (plain JSON, checked field by field: any process can write to the store)."""
         try:
-            if own:
-                store.post(own, view)
-            counted = store.acknowledge(view, self.placement.global_rank)
-            all_acked = self._await(store, watch, keys.all_acked, _GATHER_GRACE)
-            failures = watch.reports = store.reports(view, all_acked)
-            if counted:  # else counted on its behalf, read included
-                store.read_done(view, all_acked)
-            self._await(store, watch, keys.all_read, _LINGER)
+            return [RankFailure.from_json(verdict.partition("\n")[2])]
+        except ValueError as err:
+            return [RankFailure.malformed(keys.name, verdict, err)]
+
+    def _timed_out(self, keys: _Stage, local: int) -> RankFailure:
+        p = self.placement
+        message = (
+            f"did not end its turn within the turn timeout, {TURN_TIMEOUT_SETTING} (seconds, now"
+            f" {self.turn_timeout:g}), counted from when it could start; it is stuck in its turn, has not reached the"
+            " restore, or its process ended. Likely causes: a slow file system (raise the timeout), or a collective"
+            " (such as `strategy.barrier()`) in `LightningModule.on_load_checkpoint` or a callback's"
+            " `on_load_checkpoint` / `load_state_dict`, which cannot complete while the other ranks wait for their"
+            " turns. A rank stuck in its turn prints its stack (faulthandler) at the timeout."
+        )
+        at = (p.global_rank_of(local), p.node_rank, local, keys.name)
+        return RankFailure(*at, FailureKind.TIMEOUT, message, reported_by=p.global_rank)
+
+    def _stalled(self, keys: _Stage, local: int | None, bound: float) -> RankFailure:
+        """The backstop: no timer posted, yet the stage did not move for a turn timeout per turn that could run."""
+        p = self.placement
+        if local is not None:
+            waited = f"local rank {local} of node {p.node_rank} to end its turn"
+        else:
+            ended = int(self._call("add", keys.done, 0))
+            waited = f"every rank to end the stage ({ended} of {p.world_size} ranks ended their turn)"
+        message = (
+            f"rank {p.global_rank} waited {bound:g}s for {waited}: one turn timeout ({TURN_TIMEOUT_SETTING}, now"
+            f" {self.turn_timeout:g}s) for each turn that had to end first. A rank stopped or its process ended"
+            " outside a turn another rank times (a stage all ranks run at once, or a rank that never arrived)."
+        )
+        return RankFailure(-1, None, None, keys.name, FailureKind.TIMEOUT, message, reported_by=p.global_rank)
+
+    def _get(self, key: str, timeout: float) -> str | None:
+        """``key``'s value once set, or ``None`` after ``timeout`` seconds: one blocking ``get`` on the job's client.
+        While it blocks, Ctrl-C ends the process at once instead of after the wait (``docs/failures.md``)."""
+        store = self._store
+        assert store is not None
+        previous = store.timeout  # type: ignore[attr-defined]
+        store.set_timeout(datetime.timedelta(seconds=min(max(timeout, 0.001), 10**7)))
+        try:
+            with _sigint_ends_process():
+                return self._call("get", key)
+        except _Timeout:
+            return None
+        finally:
+            store.set_timeout(previous)
+
+    def _call(self, method: str, *args: object) -> str:
+        """One operation on the job's store; its failure as :class:`StoreLost` (or ``_Timeout``)."""
+        try:
+            value = getattr(self._store, method)(*args)
+        except dist.DistStoreError as err:
+            if "timeout" in str(err).lower():
+                raise _Timeout() from err
+            raise StoreLost(str(err)) from err
+        except Exception as err:  # DistNetworkError, RuntimeError depending on the torch version
+            raise StoreLost(str(err)) from err
+        return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+    @contextlib.contextmanager
+    def _store_lost_raises(self, stage: str) -> Iterator[None]:
+        try:
+            yield
         except StoreLost as err:
-            return self._store_lost(store, watch, err, own, raised)
-        return restore_error(self.checkpoint_path, failures + own, self.placement.global_rank, raised)
+            failure = store_lost_failure(stage, self.placement.global_rank, err)
+            raise restore_error(self.checkpoint_path, [failure], self.placement.global_rank) from None
 
-    def _await(self, store: StageStore, watch: Watch, key: str, bound: float) -> str:
-        """``key``'s value once set, or ``"deadline"`` once the watch (if it died, this rank) set it at the bound."""
-        with watch.waiting(WaitKind.RELEASE, key, release_after=bound):
-            try:
-                if watch.alive:  # a wait of a second or two: the blocking get itself, no helper thread
-                    return store.main.get(key)
-                return self._block(store, key, watch, time.monotonic() + bound)
-            except StoreTimeout:
-                return ""
-
-    def _store_lost(self, store: StageStore, watch: Watch, err: BaseException, own: Sequence[RankFailure] = (),
-                    raised: BaseException | None = None) -> CheckpointRestoreError:  # fmt: skip
-        """The error once the store is gone: what this rank read before and its own failures, else the loss itself."""
-        rank = self.placement.global_rank
-        failures = [*(watch.reports or []), *own] or [store_lost_failure(store.keys.stage, rank, err)]
-        return restore_error(self.checkpoint_path, failures, rank, raised)
-
-    def _log_turn_end(self, record: TurnRecord) -> None:
+    def _log_turn_end(self, record: TurnRecord, added: int) -> None:
         """``... ended in 0.31s, read 1.4 GiB memory-mapped, copied 16.1 MiB out of the mapped file``."""
         how = {"mmap": " memory-mapped", "eager": " eagerly"}.get(record.reader, "")
         done = [f"read {format_bytes(record.bytes_read)}{how}"] if record.bytes_read or record.reader else []
         done += [f"copied {format_bytes(record.bytes_copied)} out of the mapped file"] if record.bytes_copied else []
         self.log.info(
             f"[rank {self.placement.global_rank}] serialized restore: turn for {record.stage!r} ended in"
-            f" {record.duration:.2f}s, {', '.join(done) or 'read nothing'}"
+            f" {record.duration:.2f}s, {', '.join(done) or 'read nothing'}; the process holds"
+            f" {format_bytes(private_memory())} of private memory, {format_bytes(added)} more than before its turn"
         )
 
-    def _log_node_summary(self, store: StageStore, ordered: bool) -> None:
-        # this rank's own turn is in the node's log: it is set, and ``ranks`` is never empty
-        node_log = NodeLog.parse(store.main.get(store.keys.log(self.placement.node_rank)))
-        ranks = [r for r in sorted(node_log.durations) if r in node_log.started]
-        took = max(node_log.started[r] + node_log.durations[r] for r in ranks) - min(node_log.started[r] for r in ranks)
-        ends = [node_log.ends[r] for r in ranks if r in node_log.ends]
-        mapped, eager, copied = (sum(e[i] for e in ends) for i in range(3))
-        did = [f"{sum(1 for e in ends if e[0])} rank(s) mapped the file ({format_bytes(max(e[0] for e in ends))},"
-               " pages shared in the page cache)"] if mapped else []  # fmt: skip
-        did += [f"read {format_bytes(eager)} eagerly"] if eager else []
-        did += [f"copied {format_bytes(copied)} out of the mapping"] if copied else []
-        at_once = f"at most {self.max_concurrent}" if ordered else "all"
-        self.log.info(
-            f"serialized restore: node {self.placement.node_rank} ran {len(ranks)} turns of {store.keys.stage!r}"
-            f" ({at_once} at once) in {took:.2f}s: {', '.join(did) or 'read nothing'}; longest turn"
-            f" {max(node_log.durations[r] for r in ranks):.2f}s; at the end of its turn a rank's process held at most"
-            f" {format_bytes(max((e[3] for e in ends), default=0))} of private memory, of which its turn added at most"
-            f" {format_bytes(max((e[4] for e in ends), default=0))}"
-        )
+
+class _Timeout(Exception):
+    """A blocking ``get`` reached its timeout."""
+
+
+@contextlib.contextmanager
+def _sigint_ends_process() -> Iterator[None]:
+    """While the main thread blocks in the store, SIGINT takes its default action: Python's own handler would run only
+    once the wait returns, and the store client restarts a wait a signal interrupted."""
+    try:
+        default = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        if default:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+    except ValueError:  # not the main thread: signals are not delivered here anyway
+        default = False
+    try:
+        yield
+    finally:
+        if default:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
