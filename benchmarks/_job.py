@@ -34,8 +34,27 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
-from torch.utils.data import DataLoader, TensorDataset
+# BENCH_JOB_PROFILE=<directory>: every rank (or those in BENCH_JOB_PROFILE_RANKS, comma-separated local ranks)
+# profiles itself with cProfile from here, before the heavy imports, to its exit: <directory>/rank<local rank>.prof
+_PROFILE_DIR = os.environ.get("BENCH_JOB_PROFILE")
+_PROFILE_RANKS = os.environ.get("BENCH_JOB_PROFILE_RANKS", "")
+if _PROFILE_DIR and (not _PROFILE_RANKS or os.environ.get("LOCAL_RANK", "0") in _PROFILE_RANKS.split(",")):
+    import atexit
+    import cProfile
+
+    _PROFILER = cProfile.Profile()
+
+    def _dump_profile() -> None:
+        _PROFILER.disable()
+        _PROFILER.dump_stats(os.path.join(_PROFILE_DIR, f"rank{os.environ.get('LOCAL_RANK', '0')}.prof"))
+
+    atexit.register(_dump_profile)
+    _PROFILER.enable()
+
+_SCRIPT_STARTED = time.time()
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -414,6 +433,54 @@ def restore(config: dict[str, Any]) -> None:
         trainer.validate(model, dataloaders=data, ckpt_path=ckpt_path, verbose=False)
 
 
+class PhaseMarks(pl.Callback):
+    """The whole-process job's phases: each rank appends ``(event, time.time())`` lines to ``markers.jsonl``."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # after the process group exists, before the first restore stage
+        _mark(self.out, trainer.global_rank, "setup")
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # after the first restore stage and DDP's setup, before the second stage
+        _mark(self.out, trainer.global_rank, "fit_start")
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # after the second stage, the (skipped) fit loop and the Trainer's teardown
+        _mark(self.out, trainer.global_rank, "fit_end")
+
+
+def resume_whole(config: dict[str, Any]) -> None:
+    """Restore only, as a whole process: ``trainer.fit(ckpt_path=...)`` with ``max_steps`` equal to the checkpoint's
+    step, so that Lightning restores, skips the fit loop, tears down and returns; then the interpreter exits as any
+    script does (no ``os._exit``). Nothing is checked or sampled: the parent times the process tree from its start
+    to the exit of its last process. Each rank marks its phases (``PhaseMarks``, plus ``imported`` at the end of
+    this script's imports and ``exit`` with its CPU time and page faults at interpreter exit, from ``atexit``)."""
+    import atexit
+    import resource
+
+    out = Path(config["out"])
+    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+
+    def at_exit() -> None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        _mark(
+            out, rank, "exit", cpu_user=usage.ru_utime, cpu_sys=usage.ru_stime, minflt=usage.ru_minflt,
+            majflt=usage.ru_majflt, maxrss_kib=usage.ru_maxrss, script_started=_SCRIPT_STARTED,
+        )  # fmt: skip
+
+    # registered first, so it runs last of the handlers registered in this process
+    atexit.register(at_exit)
+    _mark(out, rank, "imported", script_started=_SCRIPT_STARTED)
+    torch.manual_seed(0)
+    model = BenchMLP(config["width"], config["depth"], zero_init=True)
+    trainer = _trainer(config, max_steps=config["global_step"], callbacks=[PhaseMarks(out)])
+    trainer.fit(model, train_dataloaders=_data(config["width"], 8 * config["devices"], 4), ckpt_path=config["ckpt_path"])
+    _mark(out, trainer.global_rank, "returned")
+
+
 def fabric_restore(config: dict[str, Any]) -> None:
     """``fabric.load(path, {"model", "optimizer", "step"})`` under Fabric's DDP (or, without a checkpoint, the same
     program up to that call), its window marked around the call; then the same checks and report as ``restore``."""
@@ -484,7 +551,7 @@ def fabric_restore(config: dict[str, Any]) -> None:
 
 def main(config: dict[str, Any]) -> None:
     try:
-        {"train": train, "restore": restore, "fabric": fabric_restore}[config["action"]](config)
+        {"train": train, "restore": restore, "fabric": fabric_restore, "whole": resume_whole}[config["action"]](config)
     except BaseException:
         rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
         (Path(config["out"]) / f"rank{rank}.error.txt").write_text(traceback.format_exc())

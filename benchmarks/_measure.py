@@ -408,6 +408,133 @@ def run_job(
     return outcome
 
 
+# ---------------------------------------------------------------- whole process
+
+WHOLE_MODES = ("upstream", "ours-true")  # the restore-only jobs timed as whole processes, alternating
+CHILD_SCAN_INTERVAL = 0.5  # how often the parent looks for the ranks the launcher starts, until it has seen them all
+
+
+@dataclass
+class WholeProcessRun:
+    """One restore-only job (``_job.resume_whole``) timed as a whole: from the start of its first process to the exit
+    of its last one. CPU seconds and page faults per rank are the ranks' own (``getrusage`` at interpreter exit)."""
+
+    mode: str
+    devices: int
+    seconds: float
+    """Wall time from starting the job's first process to the exit of its last rank."""
+    rank0_seconds: float
+    """Wall time from starting the job to the exit of global rank 0 (the process a shell would wait for)."""
+    cpu_seconds: list[float]
+    """User + system CPU seconds of each rank, by global rank."""
+    minor_faults: list[int]
+    phases: dict[str, list[float]]
+    """Seconds from the job's start to each marker (``imported``, ``setup``, ``fit_start``, ``fit_end``,
+    ``returned``, ``exit``), by global rank."""
+    other_cpu_seconds: float
+    run_dir: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measure_whole_process(
+    *, mode: str, devices: int, checkpoint: CheckpointInfo, run_dir: Path, timeout: float, env: Optional[dict] = None
+) -> WholeProcessRun:
+    """Run one restore-only job of ``mode`` (``max_steps`` = the checkpoint's step: Lightning restores and returns)
+    and time it from process start to the exit of its last rank; no memory sampler runs."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*run_dir.glob("rank*.error.txt"), run_dir / "markers.jsonl"]:
+        stale.unlink(missing_ok=True)
+    config = {
+        "action": "whole",
+        "out": str(run_dir),
+        "mode": mode,
+        "devices": devices,
+        "strategy": strategy_of(mode),
+        "width": checkpoint.width,
+        "depth": checkpoint.depth,
+        "global_step": checkpoint.global_step,
+        "ckpt_path": str(checkpoint.path),
+    }
+    own = {k: v for k, v in os.environ.items() if not k.startswith("SERIALIZED_RESTORE_")}
+    full_env = job_env(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONWARNINGS": "ignore",
+         **MODES.get(mode, {}), **(env or {})},
+        base=own,
+    )  # fmt: skip
+    for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE"):
+        full_env.pop(key, None)
+    busy_before, own_before = system_busy_seconds(), _own_cpu_seconds()
+    with open(run_dir / "job.log", "w") as log:
+        wall_started, started = time.time(), time.monotonic()
+        proc = start_job(JOB, config, cwd=run_dir, env=full_env, stdout=log)
+        ranks: dict[int, psutil.Process] = {}
+        try:
+            deadline = started + timeout
+            # the launcher's children, found while rank 0 lives (they may outlive it): a scan every
+            # CHILD_SCAN_INTERVAL until all N - 1 are seen, then none
+            while proc.poll() is None and time.monotonic() < deadline:
+                if len(ranks) < devices - 1:
+                    try:
+                        for child in psutil.Process(proc.pid).children(recursive=True):
+                            ranks.setdefault(child.pid, child)
+                    except psutil.NoSuchProcess:
+                        pass
+                    wait = CHILD_SCAN_INTERVAL
+                else:
+                    wait = deadline - time.monotonic()
+                try:
+                    proc.wait(timeout=max(0.001, wait))
+                except subprocess.TimeoutExpired:
+                    pass
+            rank0_seconds = time.monotonic() - started
+            returncode = proc.poll()
+            # a child is gone when reaped, or a zombie nobody reaped yet: it has exited either way
+            alive = list(ranks.values())
+            while alive and time.monotonic() < deadline:
+                alive = [p for p in alive if _running(p)]
+                if alive:
+                    time.sleep(0.002)
+            seconds = time.monotonic() - started
+            if returncode is None or alive:
+                returncode = -9
+        finally:
+            kill_job(proc)
+    other = system_busy_seconds() - busy_before - (_own_cpu_seconds() - own_before)
+    markers = [json.loads(line) for line in (run_dir / "markers.jsonl").read_text().splitlines() if line.strip()]
+    exits = {m["rank"]: m for m in markers if m["event"] == "exit"}
+    if returncode != 0 or len(exits) != devices:
+        errors = "".join(p.read_text() for p in sorted(run_dir.glob("rank*.error.txt")))
+        tail = (errors + "\n" + (run_dir / "job.log").read_text(errors="replace"))[-4000:]
+        why = f"timed out after {timeout:.0f}s" if returncode == -9 else f"exited with {returncode}"
+        raise JobFailed(f"whole-process job in {run_dir} {why}, {len(exits)} of {devices} ranks exited:\n{tail}")
+    phases: dict[str, list[float]] = {}
+    for event in ("imported", "setup", "fit_start", "fit_end", "returned", "exit"):
+        by_rank = {m["rank"]: m["t"] - wall_started for m in markers if m["event"] == event}
+        if by_rank:
+            phases[event] = [round(by_rank[r], 4) for r in sorted(by_rank)]
+    cpu_seconds = sum(exits[r]["cpu_user"] + exits[r]["cpu_sys"] for r in exits)
+    return WholeProcessRun(
+        mode=mode,
+        devices=devices,
+        seconds=seconds,
+        rank0_seconds=rank0_seconds,
+        cpu_seconds=[round(exits[r]["cpu_user"] + exits[r]["cpu_sys"], 3) for r in sorted(exits)],
+        minor_faults=[exits[r]["minflt"] for r in sorted(exits)],
+        phases=phases,
+        other_cpu_seconds=max(0.0, other - cpu_seconds),
+        run_dir=str(run_dir),
+    )
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 # ---------------------------------------------------------------- checkpoint
 
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from serialized_restore._compat import RESTORES_CALLBACKS_ONLY_WHEN_FITTING
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, load_full_checkpoint, upstream_reason
+from serialized_restore._memory import TurnRecord
 from serialized_restore._optimizer_state import Fingerprint, OptimizerSource, converts_on_load, load_in_place
 from serialized_restore._options import SerializedLoading
 from serialized_restore._plan import RestorePlan, StrategyPath, plan_restore
@@ -24,7 +25,7 @@ from serialized_restore._readers import (
     wait_for_device_copies,
 )
 from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
-from serialized_restore._turns import TurnRecord, TurnSchedule
+from serialized_restore._turns import TurnSchedule
 
 STAGE_FETCH = "fetch checkpoint"
 STAGE_MODULES = "restore modules and callbacks"

@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any
 
 from serialized_restore._checkpoint_file import explain_failure
+from serialized_restore._options import TURN_TIMEOUT_SETTING
 from serialized_restore._placement import RankPlacement
 
 
@@ -115,7 +116,7 @@ class CheckpointRestoreError(Exception):
 
     def __init__(self, checkpoint_path: str, failures: list[RankFailure], observed_on: int) -> None:
         self.checkpoint_path = checkpoint_path
-        self.failures = _merge(failures)
+        self.failures = sorted(failures, key=lambda f: f.global_rank)
         self.observed_on = observed_on
         ranks = ", ".join(str(r) for r in self.failed_ranks) or "unknown"
         stages = ", ".join(dict.fromkeys(repr(f.stage) for f in self.failures)) or "unknown"
@@ -152,7 +153,7 @@ def restore_error(
 ) -> CheckpointRestoreError:
     """The error a rank raises: also an instance of every original type among ``failures`` (in rank order) that this
     process can name in the modules it imported (nothing is imported or evaluated), ``own``'s type as is."""
-    merged = _merge(failures)
+    merged = sorted(failures, key=lambda f: f.global_rank)
     bases: list[type[BaseException]] = []
     for f in (f for f in merged if f.kind == FailureKind.EXCEPTION):
         mine = own is not None and f.global_rank == observed_on and f.reported_by is None
@@ -191,16 +192,6 @@ def _resolve(names: tuple[str, ...]) -> type[BaseException] | None:
     return None
 
 
-def _merge(failures: list[RankFailure]) -> list[RankFailure]:
-    """One failure per failing rank and kind (the failing rank's own report, else the lowest reporter's), by rank."""
-    chosen: dict[tuple[int, str], RankFailure] = {}
-    for f in sorted(failures, key=lambda f: (f.reported_by not in (None, f.global_rank), f.reported_by or 0)):
-        chosen.setdefault((f.global_rank, f.kind), f)
-    # within one rank, what others saw first: a rank's own exception can only follow it (a collective that fails once
-    # the ranks that timed out on it have left), never precede it, since a rank that raised is no longer waited for
-    return sorted(chosen.values(), key=lambda f: (f.global_rank, f.reported_by is None, f.kind))
-
-
 def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFailure:
     """The loss of the store itself, when nothing read from it before explains the end."""
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
@@ -213,6 +204,39 @@ def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFai
     )
     rank, node, local = (observer, None, None) if agent else (0, 0, 0)
     return RankFailure(rank, node, local, stage, FailureKind.STORE_LOST, message, reported_by=observer)
+
+
+def verdict_failures(stage: str, verdict: str) -> list[RankFailure]:
+    """The failure a stage's verdict carries after its first line (plain JSON, checked field by field: any process
+    that can reach the store can write to it)."""
+    try:
+        return [RankFailure.from_json(verdict.partition("\n")[2])]
+    except ValueError as err:
+        return [RankFailure.malformed(stage, verdict, err)]
+
+
+def timeout_failure(observer: RankPlacement, stage: str, local: int, turn_timeout: float) -> RankFailure:
+    """Local rank ``local`` of ``observer``'s node did not end its turn within the turn timeout."""
+    message = (
+        f"did not end its turn within the turn timeout, {TURN_TIMEOUT_SETTING} (seconds, now {turn_timeout:g}),"
+        " counted from when it could start; it is stuck in its turn, has not reached the restore, or its process"
+        " ended. Likely causes: a slow file system (raise the timeout), or a collective (such as"
+        " `strategy.barrier()`) in `LightningModule.on_load_checkpoint` or a callback's `on_load_checkpoint` /"
+        " `load_state_dict`, which cannot complete while the other ranks wait for their turns. A rank stuck in its"
+        " turn prints its stack (faulthandler) at the timeout."
+    )
+    at = (observer.global_rank_of(local), observer.node_rank, local, stage)
+    return RankFailure(*at, FailureKind.TIMEOUT, message, reported_by=observer.global_rank)
+
+
+def stalled_failure(observer: RankPlacement, stage: str, waited: str, bound: float, turn_timeout: float) -> RankFailure:
+    """The backstop: no rank timed the stall (a stage all ranks run at once, or a timer whose process ended too)."""
+    message = (
+        f"rank {observer.global_rank} waited {bound:g}s for {waited}: one turn timeout ({TURN_TIMEOUT_SETTING}, now"
+        f" {turn_timeout:g}s) for each turn that had to end first. A rank stopped, or its process ended, where no"
+        " other rank times it (a stage all ranks run at once, a rank that never arrived)."
+    )
+    return RankFailure(-1, None, None, stage, FailureKind.TIMEOUT, message, reported_by=observer.global_rank)
 
 
 def failure_from_exception(rank: RankPlacement, stage: str, err: BaseException, checkpoint_path: str) -> RankFailure:

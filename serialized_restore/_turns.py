@@ -13,7 +13,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Callable
 
 import torch.distributed as dist
@@ -23,10 +22,12 @@ from serialized_restore._errors import (
     RankFailure,
     failure_from_exception,
     restore_error,
+    stalled_failure,
     store_lost_failure,
+    timeout_failure,
+    verdict_failures,
 )
-from serialized_restore._memory import format_bytes, private_memory
-from serialized_restore._options import TURN_TIMEOUT_SETTING
+from serialized_restore._memory import TurnRecord, private_memory, turn_end_line
 from serialized_restore._placement import RankPlacement
 
 log = logging.getLogger(__name__)
@@ -37,19 +38,7 @@ _GENERATIONS: dict[int, tuple[dist.Store, int]] = {}  # per job store: how many 
 
 
 class StoreLost(Exception):
-    """The job's store could not be reached: its host (rank 0, or torchrun's agent) exited or the connection broke."""
-
-
-@dataclass
-class TurnRecord:
-    """What one rank's turn did; its body fills in the bytes read (or mapped) and copied, and the ``reader``."""
-
-    stage: str
-    waited: float = 0.0
-    duration: float = 0.0
-    bytes_read: int = 0
-    bytes_copied: int = 0
-    reader: str = ""
+    """The job's store could not be reached: its host exited or the connection broke."""
 
 
 class _Stage:
@@ -71,20 +60,13 @@ class _Stage:
         """Set to ``go`` by the rank ``k`` places ahead at the end of its turn, or to ``failed`` by a failing rank."""
         return f"{self._p}wake/{node}/{local}"
 
-    def decision(self, node: int) -> str:
-        return f"{self._p}decision/{node}"
-
 
 class TurnSchedule:
-    """Runs the stages of a restore in turns. Every rank calls :meth:`turn` once per stage, in the same order. Per
-    node, local rank ``r`` starts when ``r - k`` has ended (``k = max_concurrent``): ``k`` chains of turns. Every rank
-    waits for the whole job to end the stage before the next one, which may run collectives.
-
-    Each turn has two timers: its successor, waiting for it, counts ``turn_timeout`` from the moment the turn could
-    start; its predecessor counts from its own end when it has no successor (the chain's last turn). Either posts a
-    timeout naming the rank whose turn it is; a rank's own exception is posted by that rank. One failure decides the
-    stage on every rank: the failing rank raises its own exception, every other rank a :class:`CheckpointRestoreError`.
-    """
+    """Runs the stages of a restore in turns: every rank calls :meth:`turn` once per stage, in the same order; per
+    node, local rank ``r`` starts when ``r - k`` has ended (``k = max_concurrent``), and every rank waits for the job
+    to end the stage. A turn is timed (``turn_timeout``, from when it could start) by the rank waiting for it, or for
+    a chain's last turn by the rank before it. One failure decides the stage: the failing rank raises its own
+    exception, every other rank a :class:`CheckpointRestoreError`."""
 
     def __init__(
         self,
@@ -138,7 +120,7 @@ class TurnSchedule:
         faulthandler.cancel_dump_traceback_later()
         record.duration = time.monotonic() - started
         if logged:  # before the successor is woken: log lines of consecutive turns never overlap
-            self._log_turn_end(record, private_memory() - memory_before)
+            self.log.info(turn_end_line(p.global_rank, record, memory_before))
         if self._store is not None:
             with self._store_lost_raises(stage):
                 self._end_turn(keys, arrived)
@@ -171,10 +153,22 @@ class TurnSchedule:
         if ahead >= k:
             bound = timeout * (ahead // k + 1)  # a turn more than it needs: the timers of those turns come first
             if self._get(keys.wake(p.node_rank, ahead), bound - (time.monotonic() - arrived)) is None:
-                self._raise_verdict(keys, self._post(keys, self._stalled(keys, ahead - k, bound)))
+                self._raise_verdict(
+                    keys,
+                    self._post(
+                        keys,
+                        stalled_failure(
+                            p,
+                            keys.name,
+                            f"local rank {ahead - k} of node {p.node_rank} to end its turn",
+                            bound,
+                            timeout,
+                        ),
+                    ),
+                )
         value = self._get(keys.wake(p.node_rank, p.local_rank), timeout)
         if value is None:
-            self._raise_verdict(keys, self._post(keys, self._timed_out(keys, ahead)))
+            self._raise_verdict(keys, self._post(keys, timeout_failure(p, keys.name, ahead, self.turn_timeout)))
         elif value != GO:
             self._raise_verdict(keys, self._get(keys.closed, math.inf) or "")
 
@@ -191,12 +185,13 @@ class TurnSchedule:
             self._call("set", keys.closed, verdict)
         else:
             if behind < lws <= behind + k and self._get(keys.wake(p.node_rank, behind + k), self.turn_timeout) is None:
-                self._post(keys, self._timed_out(keys, behind))
+                self._post(keys, timeout_failure(p, keys.name, behind, self.turn_timeout))
             # a turn more than the chain needs where turns have timers (no stage of all ranks at once waits longer)
             bound = self.turn_timeout * (math.ceil(lws / k) + (k < lws))
-            verdict = self._get(keys.closed, bound - (time.monotonic() - arrived)) or self._post(
-                keys, self._stalled(keys, None, bound)
-            )
+            verdict = self._get(keys.closed, bound - (time.monotonic() - arrived))
+            if verdict is None:
+                ended = f"every rank to end the stage ({self._call('add', keys.done, 0)} of {p.world_size} ranks had)"
+                verdict = self._post(keys, stalled_failure(p, keys.name, ended, bound, self.turn_timeout))
         self._raise_verdict(keys, verdict)
 
     def _fail_own_turn(self, keys: _Stage, err: BaseException) -> None:
@@ -205,7 +200,7 @@ class TurnSchedule:
         p = self.placement
         with contextlib.suppress(StoreLost):
             verdict = self._post(keys, failure_from_exception(p, keys.name, err, self.checkpoint_path))
-            first = self._failures(keys, verdict)[0]
+            first = verdict_failures(keys.name, verdict)[0]
             if first.kind is FailureKind.TIMEOUT and first.global_rank == p.global_rank:
                 self._raise_verdict(keys, verdict, err)
             self._acknowledge(keys)
@@ -229,7 +224,7 @@ class TurnSchedule:
             return
         with contextlib.suppress(StoreLost):
             self._acknowledge(keys)
-        failures = self._failures(keys, verdict)
+        failures = verdict_failures(keys.name, verdict)
         raise restore_error(self.checkpoint_path, failures, self.placement.global_rank, own) from own
 
     def _acknowledge(self, keys: _Stage) -> None:
@@ -243,42 +238,6 @@ class TurnSchedule:
     def _count_read(self, keys: _Stage) -> None:
         if int(self._call("add", keys.reads, 1)) == self.placement.world_size - 1:
             self._call("set", keys.all_read, "1")
-
-    @staticmethod
-    def _failures(keys: _Stage, verdict: str) -> list[RankFailure]:
-        """The failure a verdict carries (plain JSON, checked field by field: any process can write to the store)."""
-        try:
-            return [RankFailure.from_json(verdict.partition("\n")[2])]
-        except ValueError as err:
-            return [RankFailure.malformed(keys.name, verdict, err)]
-
-    def _timed_out(self, keys: _Stage, local: int) -> RankFailure:
-        p = self.placement
-        message = (
-            f"did not end its turn within the turn timeout, {TURN_TIMEOUT_SETTING} (seconds, now"
-            f" {self.turn_timeout:g}), counted from when it could start; it is stuck in its turn, has not reached the"
-            " restore, or its process ended. Likely causes: a slow file system (raise the timeout), or a collective"
-            " (such as `strategy.barrier()`) in `LightningModule.on_load_checkpoint` or a callback's"
-            " `on_load_checkpoint` / `load_state_dict`, which cannot complete while the other ranks wait for their"
-            " turns. A rank stuck in its turn prints its stack (faulthandler) at the timeout."
-        )
-        at = (p.global_rank_of(local), p.node_rank, local, keys.name)
-        return RankFailure(*at, FailureKind.TIMEOUT, message, reported_by=p.global_rank)
-
-    def _stalled(self, keys: _Stage, local: int | None, bound: float) -> RankFailure:
-        """The backstop: no timer posted, yet the stage did not move for a turn timeout per turn that could run."""
-        p = self.placement
-        if local is not None:
-            waited = f"local rank {local} of node {p.node_rank} to end its turn"
-        else:
-            ended = int(self._call("add", keys.done, 0))
-            waited = f"every rank to end the stage ({ended} of {p.world_size} ranks ended their turn)"
-        message = (
-            f"rank {p.global_rank} waited {bound:g}s for {waited}: one turn timeout ({TURN_TIMEOUT_SETTING}, now"
-            f" {self.turn_timeout:g}s) for each turn that had to end first. A rank stopped or its process ended"
-            " outside a turn another rank times (a stage all ranks run at once, or a rank that never arrived)."
-        )
-        return RankFailure(-1, None, None, keys.name, FailureKind.TIMEOUT, message, reported_by=p.global_rank)
 
     def _get(self, key: str, timeout: float) -> str | None:
         """``key``'s value once set, or ``None`` after ``timeout`` seconds: one blocking ``get`` on the job's client.
@@ -315,20 +274,9 @@ class TurnSchedule:
             failure = store_lost_failure(stage, self.placement.global_rank, err)
             raise restore_error(self.checkpoint_path, [failure], self.placement.global_rank) from None
 
-    def _log_turn_end(self, record: TurnRecord, added: int) -> None:
-        """``... ended in 0.31s, read 1.4 GiB memory-mapped, copied 16.1 MiB out of the mapped file``."""
-        how = {"mmap": " memory-mapped", "eager": " eagerly"}.get(record.reader, "")
-        done = [f"read {format_bytes(record.bytes_read)}{how}"] if record.bytes_read or record.reader else []
-        done += [f"copied {format_bytes(record.bytes_copied)} out of the mapped file"] if record.bytes_copied else []
-        self.log.info(
-            f"[rank {self.placement.global_rank}] serialized restore: turn for {record.stage!r} ended in"
-            f" {record.duration:.2f}s, {', '.join(done) or 'read nothing'}; the process holds"
-            f" {format_bytes(private_memory())} of private memory, {format_bytes(added)} more than before its turn"
-        )
-
 
 class _Timeout(Exception):
-    """A blocking ``get`` reached its timeout."""
+    pass
 
 
 @contextlib.contextmanager

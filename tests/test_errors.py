@@ -12,26 +12,22 @@ from serialized_restore import CheckpointRestoreError, RankFailure
 from serialized_restore._errors import (
     FailureKind,
     failure_from_exception,
-    gone_failure,
     restore_error,
     store_lost_failure,
 )
-from serialized_restore._liveness import Identity
-from serialized_restore._options import HEARTBEAT_TIMEOUT_SETTING
-from serialized_restore._turns import RankPlacement
+from serialized_restore._placement import RankPlacement
 
 CKPT = "/checkpoints/epoch=3.ckpt"
 STAGE = "restore modules and callbacks"
 
 
-def test_kinds_are_their_text_and_say_which_ranks_are_gone():
-    """A failure kind compares, prints and serializes as its text (records stay plain JSON), text is accepted where
-    a kind is expected, and the kinds whose rank takes no further part are exactly died, unresponsive, timeout and
-    store lost."""
-    failure = RankFailure(1, 0, 1, STAGE, "died", "its process exited", reported_by=0)
-    assert failure.kind is FailureKind.DIED and failure.kind == "died" and str(failure.kind) == "died"
-    assert json.loads(failure.to_json())["kind"] == "died"
-    assert {k.value for k in FailureKind if k.gone} == {"died", "unresponsive", "timeout", "store lost"}
+def test_kinds_are_their_text():
+    """A failure kind compares, prints and serializes as its text (records stay plain JSON), and text is accepted
+    where a kind is expected; the kinds are exactly exception, timeout, store lost and malformed report."""
+    failure = RankFailure(1, 0, 1, STAGE, "timeout", "did not end its turn", reported_by=0)
+    assert failure.kind is FailureKind.TIMEOUT and failure.kind == "timeout" and str(failure.kind) == "timeout"
+    assert json.loads(failure.to_json())["kind"] == "timeout"
+    assert {k.value for k in FailureKind} == {"exception", "timeout", "store lost", "malformed report"}
     with pytest.raises(ValueError):
         RankFailure(1, 0, 1, STAGE, "exploded", "?")
 
@@ -54,17 +50,16 @@ def test_records_round_trip_and_anything_else_is_refused_by_name():
             RankFailure.from_json(text)
 
 
-def test_error_merges_duplicate_reports_and_survives_pickling():
-    """Several ranks reporting the same dead rank give one entry; the error pickles with its failures and its type."""
-    died = [RankFailure(2, 0, 2, STAGE, "died", "its process exited", reported_by=r) for r in (1, 0, 3)]
+def test_error_names_who_reported_and_survives_pickling():
+    """A failure reported by another rank says so; the error pickles with its failures and its type."""
+    timed_out = RankFailure(2, 0, 2, STAGE, "timeout", "did not end its turn", reported_by=3)
     own = RankFailure(
         1, 0, 1, STAGE, "exception", "OSError: disk", traceback="Traceback ...", error_types=("builtins:OSError",)
     )
-    err = restore_error(CKPT, [*died, own], observed_on=0)
+    err = restore_error(CKPT, [own, timed_out], observed_on=0)
     assert isinstance(err, CheckpointRestoreError) and isinstance(err, OSError)
     assert err.failed_ranks == [1, 2] and err.stage == STAGE
-    assert [f.reported_by for f in err.failures] == [None, 0]
-    assert ", reported by rank 0: its process exited" in str(err)
+    assert ", reported by rank 3: did not end its turn" in str(err)
     clone = pickle.loads(pickle.dumps(err))
     assert type(clone) is type(err) and str(clone) == str(err) and clone.failures == err.failures
 
@@ -114,15 +109,3 @@ def test_store_lost_names_rank_zero_and_the_cause(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     agent = store_lost_failure(STAGE, 2, ConnectionResetError("reset"))
     assert agent.global_rank == 2 and "the launcher's agent (torchrun)" in agent.message
-
-
-def test_gone_messages_say_what_the_rank_was_doing_and_the_setting():
-    """A peer whose process exited is ``died``, one silent past the heartbeat timeout ``unresponsive``; each message
-    says what the rank was doing and names the heartbeat setting, the second also how long the rank was silent."""
-    who = Identity(1, 1234, "m")
-    died = gone_failure(STAGE, RankPlacement(0, 2, 0, 0, 2), 1, who, "inside its turn", 0.0, 3.0)
-    assert died.kind == "died" and "(pid 1234) exited while inside its turn" in died.message
-    assert "killed" in died.message and HEARTBEAT_TIMEOUT_SETTING in died.message and died.reported_by == 0
-    silent = gone_failure(STAGE, RankPlacement(0, 2, 0, 0, 2), 1, who, "waiting for its turn", 3.4, 3.0)
-    assert silent.kind == "unresponsive" and "stopped responding while waiting for its turn" in silent.message
-    assert f"Set {HEARTBEAT_TIMEOUT_SETTING} (seconds, now 3)" in silent.message and "3.4s" in silent.message

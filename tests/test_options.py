@@ -58,7 +58,6 @@ def test_rejected_values_raise_at_construction(value: object) -> None:
     [
         ("SERIALIZED_RESTORE_TURN_TIMEOUT", "soon", "is not a number of seconds"),
         ("SERIALIZED_RESTORE_TURN_TIMEOUT", "-5", "must be a positive number"),
-        ("SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT", "0", "must be a positive number"),
         ("SERIALIZED_RESTORE_READER", "lazy", "Accepted values: auto, mmap, eager"),
         ("SERIALIZED_RESTORE_AVAILABLE_MEMORY", "lots", "is not a number of bytes"),
     ],
@@ -77,14 +76,13 @@ def test_environment_settings_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     Fabric only: what is proposed to Lightning (`settings_of`) does not read the environment."""
     defaults = options_from(True)
     assert defaults is not None
-    assert (defaults.turn_timeout, defaults.heartbeat_timeout, defaults.reader) == (1800.0, 60.0, "auto")
+    assert (defaults.turn_timeout, defaults.heartbeat_timeout, defaults.reader) == (1800.0, None, "auto")
     monkeypatch.setenv("SERIALIZED_RESTORE_TURN_TIMEOUT", "12.5")
-    monkeypatch.setenv("SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT", "3")
     monkeypatch.setenv("SERIALIZED_RESTORE_READER", "Eager")
     monkeypatch.setenv("SERIALIZED_RESTORE_AVAILABLE_MEMORY", "1024")
     parsed = options_from(2)
     assert parsed is not None and parsed.max_concurrent == 2
-    assert (parsed.turn_timeout, parsed.heartbeat_timeout, parsed.reader) == (12.5, 3.0, "eager")
+    assert (parsed.turn_timeout, parsed.heartbeat_timeout, parsed.reader) == (12.5, None, "eager")
     assert parsed.available_memory == 1024
     assert Trainer(serialized_checkpoint_loading=2, logger=False)._checkpoint_connector._settings == parsed
     assert settings_of(2) == SerializedLoading(max_concurrent=2)
@@ -105,7 +103,7 @@ def test_trainer_is_a_lightning_trainer() -> None:
 
 def test_settings_object_is_accepted_and_returned_as_given() -> None:
     """`SerializedLoading(...)` sets everything in one typed object; the Trainer reports it back unchanged."""
-    settings = SerializedLoading(max_concurrent=2, reader="eager", turn_timeout=600, heartbeat_timeout=5, tmpdir="/d")
+    settings = SerializedLoading(max_concurrent=2, reader="eager", turn_timeout=600, tmpdir="/d")
     trainer = Trainer(serialized_checkpoint_loading=settings, logger=False)
     assert trainer.serialized_checkpoint_loading is settings
     assert trainer._checkpoint_connector._settings is settings
@@ -128,6 +126,24 @@ def test_settings_object_refuses_bad_fields(field: str, value: object, fragment:
     with pytest.raises(ValueError, match=fragment) as info:
         SerializedLoading(**{field: value})
     assert f"SerializedLoading({field}={value!r})" in str(info.value)
+
+
+@pytest.mark.parametrize("where", ["field", "environment"])
+def test_the_heartbeat_setting_is_accepted_with_a_deprecation_warning_and_no_effect(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """``heartbeat_timeout`` (field or variable) still builds a Trainer, warns that it is deprecated and why (a rank
+    that stops is found at the turn timeout), and changes nothing else; a bad value is still refused."""
+    with pytest.warns(DeprecationWarning, match=r"heartbeat_timeout=\.\.\.\)` is deprecated and has no effect.*turn"):
+        if where == "field":
+            trainer = Trainer(serialized_checkpoint_loading=SerializedLoading(heartbeat_timeout=5), logger=False)
+        else:
+            monkeypatch.setenv("SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT", "5")
+            trainer = Trainer(serialized_checkpoint_loading=True, logger=False)
+    settings = trainer._checkpoint_connector._settings
+    assert (settings.turn_timeout, settings.max_concurrent) == (1800.0, 1)
+    with pytest.raises(ValueError, match="expected a positive number of seconds"):
+        SerializedLoading(heartbeat_timeout=0)
 
 
 def test_environment_overrides_the_settings_object(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from serialized_restore._strategy_path import StrategyPath, strategy_path
+from serialized_restore._plan import StrategyPath, choose_strategy_path
 
 # (owner, the package its strategies come from, the restore method a subclass overrides)
 OWNERS = [
@@ -23,7 +23,7 @@ def _paths(owner: str, strategies: list[object]) -> tuple[list[StrategyPath], li
     warned: set[type] = set()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        paths = [strategy_path(s, owner, 2, warned) for s in strategies]
+        paths = [choose_strategy_path(s, owner, 2, warned) for s in strategies]
     return paths, [str(w.message) for w in caught if "serialized_checkpoint_loading" in str(w.message)]
 
 

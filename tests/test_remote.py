@@ -237,7 +237,7 @@ def test_truncated_download_fails_on_every_rank_and_leaves_nothing(
             result = run_job(
                 _validate_job(tmp_path, server.url),
                 timeout=JOB_TIMEOUT,
-                env=_env(fetch_dir, _free_port(), SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT="5"),
+                env=_env(fetch_dir, _free_port()),
             )
     assert result.returncode != 0
     assert sorted(result.errors) == [0, 1], result.output[-4000:]
@@ -287,7 +287,7 @@ def test_a_rank_that_refuses_the_announced_copy_ends_the_restore_on_every_rank(
                 "env_by_local_rank": {str(r): {"SERIALIZED_RESTORE_TMPDIR": str(d)} for r, d in dirs.items()},
             },
             timeout=JOB_TIMEOUT,
-            env={"SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT": "5"},
+            env={},
             script=PER_RANK_ENV_JOB,
         )
     assert result.returncode != 0

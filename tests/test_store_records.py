@@ -7,11 +7,10 @@ raise one clear ``CheckpointRestoreError`` saying that a record could not be rea
 record must never be unpickled or evaluated.
 
 This file relies only on ``TurnSchedule``'s public API and on the names of the store keys the schedule uses (its
-implementation is free to change otherwise): a restore's keys live in a ``PrefixStore`` with the prefix
-``serialized_restore/<generation>/`` (generation 1 for the first restore of a process), a stage's keys under
-``<stage with '_' for ' '>/``, and a failure is announced by appending a JSON line to ``reports``, adding 1 to
-``failures``, closing the stage (``compare_set(closed, "", "failed")``) and setting every rank's ``wake/<node>/<local
-rank>`` key. A node's first turn has started once its log ``log/<node>`` exists.
+implementation is free to change otherwise): a restore's keys live under ``serialized_restore/<generation>/``
+(generation 0 for the first schedule a process makes on a store), a stage's keys under ``<stage with '_' for ' '>/``,
+and a failure is decided by ``compare_set(verdict, "", "failed\n" + record)``, copied to ``closed`` and announced by
+setting every rank's ``wake/<node>/<local rank>`` key to ``failed``.
 """
 
 from __future__ import annotations
@@ -26,15 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed as dist
 
 from serialized_restore import CheckpointRestoreError
 from tests.helpers.store import connect, one_node_schedule
 
 CKPT = "/checkpoints/epoch=3.ckpt"
 STAGE = "restore modules and callbacks"
-NAMESPACE = "serialized_restore/1/"
-KEYS = "restore_modules_and_callbacks/"
+NAMESPACE = "serialized_restore/0/"
+KEYS = NAMESPACE + "restore_modules_and_callbacks/"
 WORLD = 3
 
 
@@ -78,18 +76,15 @@ def _rank_main(rank: int, out: str) -> None:
 
 
 def _intruder_main(out: str, record: bytes) -> None:
-    """(a store client that is no rank) once rank 0's turn has started, post ``record`` as a failure report."""
+    """(a store client that is no rank) during rank 0's turn (1 s), post ``record`` as a failure."""
     out_dir = Path(out)
     try:
-        store = dist.PrefixStore(NAMESPACE, connect(1, WORLD, out_dir))  # a client, like any rank but 0
-        deadline = time.monotonic() + 30
-        while not store.check([KEYS + "log/0"]) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        # as a rank posting a failure: the report, the count, the stage closed as failed, every waiter woken
-        store.append(KEYS + "reports", record)
-        store.add(KEYS + "failures", 1)
-        store.compare_set(KEYS + "closed", "", "failed")
-        wake = [KEYS + f"wake/0/{local}" for local in range(WORLD)]
+        store = connect(1, WORLD, out_dir)  # a client, like any rank but 0
+        time.sleep(0.5)
+        # as a rank posting a failure: the verdict decided, copied to the key ranks wait on, every waiter woken
+        verdict = store.compare_set(KEYS + "verdict", "", b"failed\n" + record)
+        store.set(KEYS + "closed", verdict)
+        wake = [KEYS + f"wake/0/{local}" for local in range(WORLD + 1)]
         store.multi_set(wake, ["failed"] * len(wake))
         (out_dir / "fault.json").write_text(json.dumps({"at": time.time()}))
     except BaseException:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from serialized_restore._turns import RankPlacement, TurnSchedule
+from serialized_restore._placement import RankPlacement
+from serialized_restore._turns import TurnSchedule
 
 
 def connect(rank: int, world: int, out_dir: Path) -> dist.TCPStore:
@@ -29,7 +30,7 @@ def connect(rank: int, world: int, out_dir: Path) -> dist.TCPStore:
 
 def one_node_schedule(store: dist.Store, rank: int, world: int, checkpoint_path: str) -> TurnSchedule:
     """A ``TurnSchedule`` of rank ``rank`` of a one-node job of ``world`` ranks over ``store``: one turn at a time,
-    30 s timeouts."""
+    a 30 s turn timeout."""
     placement = RankPlacement(rank, world, 0, rank, world)
     return TurnSchedule(
         store=store,
@@ -37,5 +38,4 @@ def one_node_schedule(store: dist.Store, rank: int, world: int, checkpoint_path:
         max_concurrent=1,
         checkpoint_path=checkpoint_path,
         turn_timeout=30.0,
-        heartbeat_timeout=30.0,
     )
