@@ -73,7 +73,7 @@ def test_the_error_type_keeps_every_original_type_it_can_name():
     err = restore_error(CKPT, [value, unknown, key], observed_on=1)
     assert type(err).__name__ == "CheckpointRestoreError[KeyError, ValueError]"
     assert isinstance(err, KeyError) and isinstance(err, ValueError)
-    died = restore_error(CKPT, [RankFailure(1, 0, 1, STAGE, "died", "gone", reported_by=0)], observed_on=0)
+    died = restore_error(CKPT, [RankFailure(1, 0, 1, STAGE, "timeout", "stuck", reported_by=0)], observed_on=0)
     assert isinstance(died, RuntimeError) and str(died).startswith(f"Serialized restore of checkpoint {CKPT!r}")
 
 
