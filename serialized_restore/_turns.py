@@ -188,10 +188,11 @@ class TurnSchedule:
                 self._post(keys, timeout_failure(p, keys.name, behind, self.turn_timeout))
             # a turn more than the chain needs where turns have timers (no stage of all ranks at once waits longer)
             bound = self.turn_timeout * (math.ceil(lws / k) + (k < lws))
-            verdict = self._get(keys.closed, bound - (time.monotonic() - arrived))
-            if verdict is None:
+            closed = self._get(keys.closed, bound - (time.monotonic() - arrived))
+            if closed is None:
                 ended = f"every rank to end the stage ({self._call('add', keys.done, 0)} of {p.world_size} ranks had)"
-                verdict = self._post(keys, stalled_failure(p, keys.name, ended, bound, self.turn_timeout))
+                closed = self._post(keys, stalled_failure(p, keys.name, ended, bound, self.turn_timeout))
+            verdict = closed
         self._raise_verdict(keys, verdict)
 
     def _fail_own_turn(self, keys: _Stage, err: BaseException) -> None:

@@ -315,13 +315,18 @@ def test_rank_zero_killed_in_its_turn_ends_a_ddp_job(tmp_path, checkpoint_dir):
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize(
     ("fault", "failed"),
-    [({"rank": 1, "in": "sleep", "seconds": 9.0}, 1), ({"rank": "all", "in": "collective"}, 0)],
-    ids=["slow turn on the last rank", "broadcast in on_load_checkpoint"],
+    [
+        ({"rank": 1, "in": "sleep", "seconds": 9.0}, 1),
+        ({"rank": 1, "in": "stop"}, 1),
+        ({"rank": "all", "in": "collective"}, 0),
+    ],
+    ids=["slow turn on the last rank", "last rank stopped (SIGSTOP)", "broadcast in on_load_checkpoint"],
 )
 def test_a_turn_past_the_timeout_names_the_setting_and_the_cause(tmp_path, checkpoint_dir, fault, failed):
-    """A turn longer than the 4 s turn timeout (a slow last turn, timed by the rank before it, or a ``broadcast`` in a
-    hook, which cannot complete in turns) ends the waiting rank at the bound with an error naming the rank in its
-    turn, the setting and both likely causes; the stuck rank prints its stack then; the job ends."""
+    """A turn longer than the 4 s turn timeout (a slow last turn, timed by the rank before it; a rank stopped in its
+    turn; a ``broadcast`` in a hook, which cannot complete in turns) ends the waiting rank at the bound with an error
+    naming the rank in its turn, the setting and both likely causes; a stuck rank that can still run prints its stack
+    then; the job's main process ends, non-zero."""
     ckpt = str(checkpoint_dir / "last.ckpt")
     name = f"ddp, {fault['in']}"
     turn_timeout = 4.0
@@ -338,11 +343,13 @@ def test_a_turn_past_the_timeout_names_the_setting_and_the_cause(tmp_path, check
     # the waiting rank's bound counts from when the turn could start, a little before the fault
     assert turn_timeout - 0.5 <= waiting["ended_at"] - fault_at < turn_timeout + PROMPT
     # the stuck rank printed where it was (faulthandler), and ended: with the same error, or its store gone
-    assert "Timeout (0:00:04)!" in run.output and "on_load_checkpoint" in run.output, run.output[-4000:]
+    if fault["in"] != "stop":
+        assert "Timeout (0:00:04)!" in run.output and "on_load_checkpoint" in run.output, run.output[-4000:]
     if fault["in"] == "collective":
         assert "in broadcast" in run.output, run.output[-4000:]
     stuck = run.ranks(name).get(failed)
     assert stuck is None or stuck["failed_ranks"] in ([failed], [0]), stuck
+    assert run.returncode != 0
     assert run.ended - fault_at < turn_timeout + 30
 
 

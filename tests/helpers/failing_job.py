@@ -74,13 +74,19 @@ def _inject(case: dict[str, Any], site: str, checkpoint: Optional[dict[str, Any]
         groups.append(dict(groups[0], params=[]))
     elif what == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif what == "stop":
+        # let go of the job's output pipe first, so that the test sees the job end when its main process does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.kill(os.getpid(), signal.SIGSTOP)
     elif what == "sleep":
         time.sleep(fault["seconds"])
     return what
 
 
 _SITES = {
-    "module_hook": ("module_hook", "strict_mismatch", "optimizer_state", "kill", "sleep", "collective"),
+    "module_hook": ("module_hook", "strict_mismatch", "optimizer_state", "kill", "stop", "sleep", "collective"),
     "callback_load_state_dict": ("callback_load_state_dict",),
 }
 
