@@ -25,10 +25,12 @@ import inspect
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from serialized_restore._flavour import STANDALONE, Flavour
+from serialized_restore._flavour import Flavour
 
-SUPPORTED = SpecifierSet(">=2.4,<2.7")
-"""The Lightning releases the package supports: each is tested (2.4.0, 2.5.6, 2.6.6 and the master snapshot)."""
+SUPPORTED_RANGE = ">=2.4,<2.7"
+"""The Lightning releases the package supports (as ``setup.py`` requires): each is tested (2.4.0, 2.5.6, 2.6.6 and
+Lightning's master)."""
+SUPPORTED = SpecifierSet(SUPPORTED_RANGE)
 
 
 class UnsupportedLightningError(RuntimeError):
@@ -52,11 +54,12 @@ def check_supported(flavour: Flavour, owner: str) -> None:
         supported = False
     if supported:
         return
-    distribution = "pytorch-lightning" if flavour is STANDALONE and owner != "Fabric" else "lightning"
+    distribution = module.replace("_", "-") if "." not in module else "lightning"
     raise UnsupportedLightningError(
-        f"`serialized_restore`'s `{owner}` supports Lightning {SUPPORTED} (tested: 2.4, 2.5, 2.6), and `{module}` is"
-        f" {version}. Install a supported release, for example `pip install '{distribution}{SUPPORTED}'`, or use"
-        f" upstream's `{module}.{owner}`, which restores without `serialized_checkpoint_loading`."
+        f"`serialized_restore`'s `{owner}` supports Lightning {SUPPORTED_RANGE} (tested: 2.4, 2.5, 2.6), and"
+        f" `{module}` is {version}. Install a supported release, for example"
+        f" `pip install '{distribution}{SUPPORTED_RANGE}'`, or use upstream's `{module}.{owner}`, which restores"
+        " without `serialized_checkpoint_loading`."
     )
 
 

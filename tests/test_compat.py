@@ -19,6 +19,7 @@ from harness.models import dataloader, lightning_module, make_callback_class, ma
 from harness.trainers import quiet_cpu_trainer_kwargs
 from serialized_restore._compat import (
     SUPPORTED,
+    SUPPORTED_RANGE,
     UnsupportedLightningError,
     installed_version,
     passes_weights_only,
@@ -67,7 +68,7 @@ def test_an_unsupported_release_is_refused_when_the_trainer_or_fabric_is_built(
     with pytest.raises(UnsupportedLightningError) as info:
         cls(accelerator="cpu", devices=1, serialized_checkpoint_loading=True)
     message = str(info.value)
-    assert str(SUPPORTED) in message and f"`{module}` is {version}" in message, message
+    assert SUPPORTED_RANGE in message and f"`{module}` is {version}" in message, message
     assert f"upstream's `{module}.{owner}`" in message, message
 
 
@@ -159,3 +160,10 @@ def test_fabric_load_takes_what_the_releases_load_takes(flavour: str, tmp_path: 
             outcomes.append(("loaded", ""))
         assert outcomes[0] == outcomes[1], outcomes
         assert outcomes[0][0] == ("loaded" if not kwargs or passes_weights_only(FLAVOURS[flavour], True) else "raised")
+
+
+def test_setup_requires_the_supported_range() -> None:
+    """`setup.py` requires (both distributions, every extra) the range `Trainer(...)` and `Fabric(...)` accept."""
+    text = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    assert f'LIGHTNING = "{SUPPORTED_RANGE}"' in text
+    assert text.count("lightning{LIGHTNING}") == 4 and "lightning>=" not in text
