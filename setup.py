@@ -6,6 +6,7 @@ from setuptools.command.build_py import build_py
 
 here = Path(__file__).parent
 PTH = "serialized_restore.pth"
+LIGHTNING = ">=2.4,<2.7"  # as serialized_restore/_compat.py's SUPPORTED
 version = {}
 for line in (here / "serialized_restore" / "__init__.py").read_text().splitlines():
     if line.startswith("__version__"):
@@ -45,16 +46,18 @@ setup(
     cmdclass={"build_py": build_py_with_pth},
     # Lightning 2.6 needs Python >= 3.10; CI tests Python 3.11 (requirements/ci.txt)
     python_requires=">=3.10",
-    # Supported: Lightning 2.6.x (both the `pytorch-lightning` and the unified `lightning` distribution).
+    # Supported: Lightning 2.4, 2.5 and 2.6 (serialized_restore/_compat.py's SUPPORTED, which Trainer(...) and
+    # Fabric(...) check), both the `pytorch-lightning` and the unified `lightning` distribution. CI runs the suite on
+    # 2.6.6 and a core subset on 2.4.0, 2.5.6 and Lightning's master (scripts/lightning_matrix.sh).
     install_requires=[
         "torch>=2.1",
-        "pytorch-lightning>=2.6.0,<2.7",
+        f"pytorch-lightning{LIGHTNING}",
         "psutil>=5.9",
     ],
     extras_require={
-        "lightning": ["lightning>=2.6.0,<2.7"],
-        "test": ["lightning>=2.6.0,<2.7", "pytest", "pytest-xdist", "pytest-timeout", "jsonargparse[signatures]"],
-        "benchmark": ["lightning>=2.6.0,<2.7", "matplotlib"],
+        "lightning": [f"lightning{LIGHTNING}"],
+        "test": [f"lightning{LIGHTNING}", "pytest", "pytest-xdist", "pytest-timeout", "jsonargparse[signatures]"],
+        "benchmark": [f"lightning{LIGHTNING}", "matplotlib"],
     },
     license="Apache-2.0",
     license_files=["LICENSE"],

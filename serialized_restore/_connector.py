@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from serialized_restore._compat import RESTORES_CALLBACKS_ONLY_WHEN_FITTING
+from serialized_restore._compat import restores_callbacks_only_when_fitting
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, load_full_checkpoint, upstream_reason
 from serialized_restore._memory import TurnRecord
@@ -157,7 +157,7 @@ class _SerializedCheckpointConnectorMixin:
                 restore.fingerprint = Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
         self.restore_model()
         self.restore_datamodule()
-        if restore.fitting or not RESTORES_CALLBACKS_ONLY_WHEN_FITTING:
+        if restore.fitting or not restores_callbacks_only_when_fitting(flavour_of(self)):
             self.restore_callbacks()
         wait_for_device_copies()
         checkpoint = self._loaded_checkpoint

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from serialized_restore._compat import check_supported
 from serialized_restore._environment import options_from
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, load_optimizer_states, load_weights, upstream_reason
@@ -46,6 +47,7 @@ class SerializedFabricMixin:
     def __init__(
         self, *args: Any, serialized_checkpoint_loading: SerializedCheckpointLoading = False, **kwargs: Any
     ) -> None:
+        check_supported(flavour_of(self), "Fabric")
         settings = options_from(serialized_checkpoint_loading, owner="Fabric")
         super().__init__(*args, **kwargs)
         self._serialized_value = serialized_checkpoint_loading
@@ -53,15 +55,16 @@ class SerializedFabricMixin:
         self._serialized_warned: set[type] = set()
         self._serialized_log = logging.getLogger(f"{flavour_of(self).fabric}.serialized_restore")
 
+    # `**kwargs`: what the release's own `load` takes besides (`weights_only` from 2.6 on), passed on unchanged
     def load(
-        self, path: Any, state: dict[str, Any] | None = None, strict: bool = True, *, weights_only: bool | None = None
+        self, path: Any, state: dict[str, Any] | None = None, strict: bool = True, **kwargs: Any
     ) -> dict[str, Any]:
         with self._loading_in_turns():
-            return super().load(path, state, strict, weights_only=weights_only)  # type: ignore[misc]
+            return super().load(path, state, strict, **kwargs)  # type: ignore[misc]
 
-    def load_raw(self, path: Any, obj: Any, strict: bool = True, *, weights_only: bool | None = None) -> None:
+    def load_raw(self, path: Any, obj: Any, strict: bool = True, **kwargs: Any) -> None:
         with self._loading_in_turns():
-            return super().load_raw(path, obj, strict, weights_only=weights_only)  # type: ignore[misc]
+            return super().load_raw(path, obj, strict, **kwargs)  # type: ignore[misc]
 
     load.__doc__ = "Upstream's ``Fabric.load``; with ``serialized_checkpoint_loading`` on, in turns (see the class)."
     load_raw.__doc__ = "Upstream's ``Fabric.load_raw``; with ``serialized_checkpoint_loading`` on, in turns."
@@ -75,9 +78,8 @@ class SerializedFabricMixin:
             return
         upstream = strategy.load_checkpoint
 
-        def load_checkpoint(
-            path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
-        ) -> dict[str, Any]:
+        # as the release's strategy.load_checkpoint: `weights_only` only where it takes one (2.6 on)
+        def load_checkpoint(path: Any, state: Any = None, strict: bool = True, **kwargs: Any) -> dict[str, Any]:
             modules = {}
             if isinstance(state, dict):
                 has_fsdp_modules = flavour_of(self).import_("strategies.fsdp", "_has_fsdp_modules", fabric=True)
@@ -87,10 +89,10 @@ class SerializedFabricMixin:
                 fsdp=len(modules) == 1,
             )  # fmt: skip
             if plan.strategy_path is StrategyPath.UPSTREAM:
-                return upstream(path=path, state=state, strict=strict, weights_only=weights_only)
+                return upstream(path=path, state=state, strict=strict, **kwargs)
             if plan.strategy_path is StrategyPath.FSDP:
                 return self._load_fsdp(plan, modules, state, strict)
-            return self._load_in_turn(plan, upstream, state, strict, weights_only)
+            return self._load_in_turn(plan, upstream, state, strict, kwargs)
 
         strategy.load_checkpoint = load_checkpoint
         try:
@@ -98,7 +100,7 @@ class SerializedFabricMixin:
         finally:
             del strategy.load_checkpoint  # the instance attribute: the class's method shows through again
 
-    def _load_in_turn(self, plan: RestorePlan, upstream: _Load, state: Any, strict: bool, weights_only: Any
+    def _load_in_turn(self, plan: RestorePlan, upstream: _Load, state: Any, strict: bool, kwargs: dict[str, Any]
                       ) -> dict[str, Any]:  # fmt: skip
         """(all ranks) Upstream's ``strategy.load_checkpoint`` in this rank's turn, on the checkpoint read with the
         plan's reader (its ``checkpoint_io`` hands it over); then, every rank at once, copy what the rank keeps out
@@ -107,8 +109,8 @@ class SerializedFabricMixin:
         schedule = plan.schedule(plan.k)
         with schedule.turn(STAGE_LOAD) as record:
             loaded = read_checkpoint(
-                strategy, path, weights_only, plan.reader, plan.reason, plan.log,
-                read_eagerly=strategy.checkpoint_io.load_checkpoint,
+                strategy, path, kwargs.get("weights_only"), plan.reader, plan.reason, plan.log,
+                read_eagerly=strategy.checkpoint_io.load_checkpoint, fabric=True,
             )  # fmt: skip
             record.bytes_read, record.reader = loaded.bytes_read, loaded.reader
             mapped = storages_of(loaded.checkpoint) if loaded.reader == "mmap" else set()
@@ -118,7 +120,7 @@ class SerializedFabricMixin:
             strategy.checkpoint_io = _AlreadyRead(loaded.checkpoint)
             loaded.checkpoint = {}  # upstream pops what it restores: nothing else holds on to it
             try:
-                remainder = upstream(path=path, state=state, strict=strict, weights_only=weights_only)
+                remainder = upstream(path=path, state=state, strict=strict, **kwargs)
             finally:
                 strategy.checkpoint_io = checkpoint_io
         # what the rank keeps is copied with the node's other ranks at once: it allocates only memory the rank keeps

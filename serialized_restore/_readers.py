@@ -1,8 +1,8 @@
 """How checkpoint bytes are read (``docs/design.md``, *Readers*); the turn schedule (``_turns.py``) decides when.
 
 ``mmap``: ``torch.load(path, mmap=True)``, for a local zip-format file read by the stock ``TorchCheckpointIO`` (a
-custom ``CheckpointIO`` may do anything). ``eager``: the strategy's own load, as upstream. Both pass ``weights_only``
-through unchanged.
+custom ``CheckpointIO`` may do anything). ``eager``: the strategy's own load, as upstream. Both read with the
+``weights_only`` the installed Lightning reads with (``_compat.py``: before 2.6, ``False`` whatever was asked).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any, Callable
 import fsspec
 import torch
 
+from serialized_restore._compat import read_weights_only, weights_only_kwargs
 from serialized_restore._flavour import flavour_of
 
 log = logging.getLogger(__name__)
@@ -88,16 +89,18 @@ class MmapCheckpointIOMixin:
         self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
     ) -> dict[str, Any]:
         # on global rank zero, through Lightning's logger: shown where Lightning's own INFO lines are
-        info = flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=True)
+        flavour = flavour_of(self)
+        info = flavour.import_("utilities.rank_zero", "rank_zero_info", fabric=True)
         if not isinstance(path, (str, os.PathLike)):
             info("MmapCheckpointIO: reading a file-like object eagerly: only paths can be memory-mapped.")
-            return torch.load(path, map_location=map_location, weights_only=weights_only)
+            return torch.load(path, map_location=map_location, weights_only=read_weights_only(flavour, weights_only))
         reason = path_unmappable_reason(path)
         if reason is None:
-            return load_mmap(path, map_location, weights_only)
+            return load_mmap(path, map_location, read_weights_only(flavour, weights_only))
         if not _not_a_checkpoint(path):
             info(f"MmapCheckpointIO: reading {path!r} eagerly instead of memory-mapped: {reason}.")
-        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)  # type: ignore[misc]
+        kwargs = weights_only_kwargs(flavour, weights_only, fabric=True)
+        return super().load_checkpoint(path, map_location=map_location, **kwargs)  # type: ignore[misc]
 
 
 def _accept_in_every_imported_flavour(cls: type) -> None:
@@ -131,18 +134,22 @@ def read_checkpoint(
     reason: str | None = None,
     logger: logging.Logger = log,
     read_eagerly: Callable[..., Any] | None = None,
+    fabric: bool = False,
 ) -> LoadedCheckpoint:
     """(one rank, inside its turn) Read the whole checkpoint with ``reader`` (``"mmap"`` or ``"eager"``, as
     :func:`choose_reader` chose it), saying on ``logger`` why not memory-mapped (``reason``) if so. Eager reading calls
-    ``read_eagerly`` (default: the strategy's ``load_checkpoint``). Memory-mapped, private memory grows by the
-    unpickled containers only; eager, by the file."""
+    ``read_eagerly`` (default: the strategy's ``load_checkpoint``), with ``weights_only`` where the release (its
+    Trainer's, or ``fabric``'s) passes it.
+    Memory-mapped, private memory grows by the unpickled containers only; eager, by the file."""
+    flavour = flavour_of(strategy)
     if reader == "mmap":
         # as TorchCheckpointIO: keep the device each tensor was saved from
-        checkpoint = load_mmap(path, lambda storage, loc: storage, weights_only)
+        checkpoint = load_mmap(path, lambda storage, loc: storage, read_weights_only(flavour, weights_only))
     else:
         if reason is not None:
             logger.info(f"Reading {path!r} eagerly instead of memory-mapped: {reason}.")
-        checkpoint = (read_eagerly or strategy.load_checkpoint)(path, weights_only=weights_only)
+        kwargs = weights_only_kwargs(flavour, weights_only, fabric=fabric)
+        checkpoint = (read_eagerly or strategy.load_checkpoint)(path, **kwargs)
     local = local_path(path)
     size = os.path.getsize(local) if local is not None and os.path.isfile(local) else 0
     return LoadedCheckpoint(checkpoint, reader, size)

@@ -8,6 +8,7 @@ import sys
 import typing
 from typing import Any, Callable, ClassVar, Literal, Union
 
+from serialized_restore._compat import check_supported
 from serialized_restore._connector import _SerializedCheckpointConnectorMixin
 from serialized_restore._environment import options_from
 from serialized_restore._flavour import STANDALONE, UNIFIED, flavour_of
@@ -46,6 +47,7 @@ class SerializedRestoreTrainerMixin:
     def __init__(
         self, *args: Any, serialized_checkpoint_loading: SerializedCheckpointLoading = False, **kwargs: Any
     ) -> None:
+        check_supported(flavour_of(self), "Trainer")
         settings = options_from(serialized_checkpoint_loading)
         super().__init__(*args, **kwargs)
         self._serialized_loading = serialized_checkpoint_loading
