@@ -13,9 +13,9 @@ from typing import Any, Callable
 import torch
 
 from serialized_restore._compat import check_supported
-from serialized_restore._environment import options_from
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, load_optimizer_states, load_weights, upstream_reason
+from serialized_restore._options import options_from
 from serialized_restore._plan import RestorePlan, StrategyPath, plan_restore
 from serialized_restore._readers import (
     copy_kept_out_of_mapping,
