@@ -1,5 +1,4 @@
-"""``serialized_checkpoint_loading="auto"``: how many local ranks of a node restore at once, chosen from the memory
-available when the restore starts, by local rank 0 of each node for the whole node."""
+"""``serialized_checkpoint_loading="auto"``: ``k`` chosen by local rank 0 of each node from the memory available."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ training anyway)."""
 def plan_auto(
     checkpoint_size: int, reader: str, local_world_size: int, available_memory: int | None
 ) -> tuple[int, str]:
-    """(local rank 0 of each node) ``k`` in ``[1, local_world_size]``, or 0 if even one turn does not fit, and the
-    figures it was chosen from. ``available_memory``: the bytes to assume available, or ``None`` to measure them."""
+    """(local rank 0 of each node) ``k`` in ``[1, local_world_size]`` (0: not one turn fits), and the figures used."""
     if available_memory is not None:
         available, source = available_memory, "given"
     else:
@@ -50,9 +48,8 @@ def plan_auto(
 
 
 def decide_max_concurrent(plan: RestorePlan, owner: str = "Trainer") -> int:
-    """(all ranks) ``k`` as given, or for ``"auto"`` as local rank 0 of the node chose it from free memory for reading
-    the plan's source with its reader; the other ranks wait for it as for a turn. Raises ``MemoryError`` (naming
-    ``owner``, the class given the option) when not even one rank fits."""
+    """(all ranks) ``k`` as given, or as local rank 0 of the node chose it for ``"auto"`` (the others wait for it as for
+    a turn); ``MemoryError`` when not even one rank fits."""
     settings, placement, reader, logger = plan.settings, plan.placement, plan.reader, plan.log
     if settings.max_concurrent != AUTO:
         return int(settings.max_concurrent)
@@ -82,8 +79,7 @@ def decide_max_concurrent(plan: RestorePlan, owner: str = "Trainer") -> int:
 
 
 def parse_plan(text: str) -> tuple[int, str]:
-    """``[k, figures]`` as local rank 0 wrote it to the store; a clear ``ValueError`` for anything else (the store is
-    not authenticated: see docs/security.md)."""
+    """``[k, figures]`` as local rank 0 wrote it to the store; ``ValueError`` for anything else."""
     try:
         k, figures = json.loads(text)
     except (TypeError, ValueError) as err:

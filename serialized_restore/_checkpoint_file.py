@@ -1,7 +1,4 @@
-"""What is wrong with a checkpoint file that failed to load, in words, from a cheap look at its bytes.
-
-Reads at most the file's first bytes and the archive's small records: never the tensors, never unpickles anything.
-"""
+"""What is wrong with a checkpoint file that failed to load, from a cheap look at its bytes (never unpickled)."""
 
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ _CHECKED_MEMBER_BYTES = 64 * 2**20
 
 
 def explain_failure(checkpoint_path: str, err: BaseException) -> str | None:
-    """What a failed load of ``checkpoint_path`` most likely means, or ``None`` when the file looks sound (a
-    ``strict`` mismatch, an exception in a hook, a refused pickle): the original message then stands alone."""
+    """What a failed load of ``checkpoint_path`` most likely means, or ``None`` when the file looks sound."""
     problem = file_problem(checkpoint_path)
     if problem is not None:
         if "weights_only" in str(err):
@@ -37,8 +33,7 @@ def explain_failure(checkpoint_path: str, err: BaseException) -> str | None:
 
 
 def file_problem(path: str) -> str | None:
-    """What is wrong with the file at ``path`` itself, or ``None`` if nothing cheap to see is (a sound zip archive,
-    torch's legacy pickle format, or a remote path, which a look would read)."""
+    """What is wrong with the file at ``path`` itself, or ``None`` if nothing cheap to see is (or it is remote)."""
     local = local_path(path)
     if local is None:
         return None

@@ -1,7 +1,6 @@
 """The serialized checkpoint connector: Lightning's two restore stages, run in turns (``docs/design.md``). Stage 1
 reads the checkpoint in the rank's turn, runs upstream's hooks on the complete dict and drops what stage 2 does not
-need; stage 2 hands the optimizer state to the optimizers and drops the rest. One ``_Restore`` holds a restore's state.
-"""
+need; stage 2 hands the optimizer state to the optimizers and drops the rest."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ STAGE_TRAINING_STATE = "restore training state"
 
 @dataclass
 class _Restore:
-    """One serialized restore on one rank. After a failure it stays, holding nothing, so that
-    ``restore_incomplete`` holds until the next restore or ``resume_end``."""
+    """One serialized restore on one rank; after a failure it stays, holding nothing, until ``resume_end``."""
 
     weights_only: bool | None
     fitting: bool
@@ -66,15 +64,11 @@ class _SerializedCheckpointConnectorMixin:
 
     @property
     def restore_incomplete(self) -> bool:
-        """True from the start of a serialized restore until ``resume_end``, also after it failed: the model may be
-        partly restored, so no checkpoint of it must be saved (``Trainer._run``)."""
+        """From a serialized restore's start to ``resume_end``, also after a failure: no checkpoint may be saved."""
         return self._restore is not None
 
-    # ------------------------------------------------------------- stage 1
-
     def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, *args: Any, **kwargs: Any) -> None:
-        """(all ranks) Stage 1: read, hooks, weights, datamodule, callbacks, in the rank's turn (FSDP: all ranks
-        together); then drop what stage 2 does not need. ``weights_only``, where Lightning passes it, is kept."""
+        """(all ranks) Stage 1: read, hooks, weights, datamodule, callbacks, in the rank's turn (FSDP: all together)."""
         if self._restore is not None:
             # an earlier restore whose resume_end never ran (its run failed between the stages): free what it holds
             self._abandon(self._restore)
@@ -111,9 +105,8 @@ class _SerializedCheckpointConnectorMixin:
             raise
 
     def _fetch(self, restore: _Restore, plan: RestorePlan) -> Any:
-        """(all ranks) For a remote checkpoint: local rank 0 of each node downloads it into a new private directory;
-        every rank of the node then checks it, in a second round, so that a refusal on any rank ends the restore on
-        every rank. The path to read."""
+        """(all ranks) The path to read. Remote: local rank 0 of each node downloads it, then every rank checks it in a
+        second round, so that a refusal on any rank ends the restore on every rank."""
         if not is_remote(plan.checkpoint_path):
             return plan.checkpoint_path
         schedule = plan.schedule()
@@ -139,8 +132,7 @@ class _SerializedCheckpointConnectorMixin:
             atexit.unregister(copy.remove)
 
     def _restore_modules(self, restore: _Restore, plan: RestorePlan) -> None:
-        """Upstream's stage 1 (its ``resume_start`` with the plan's reader, then its restore calls in its order);
-        then drop what stage 2 does not need."""
+        """Upstream's stage 1 with the plan's reader; then drop what stage 2 does not need."""
         path = plan.checkpoint_path
         self._rank_zero_info(f"Restoring states from the checkpoint path at {path}")
         if plan.strategy_path is StrategyPath.FSDP:
@@ -178,15 +170,10 @@ class _SerializedCheckpointConnectorMixin:
                 )
         restore.fingerprint = None
 
-    # ------------------------------------------------------------- stage 2
-
     def restore_training_state(self) -> None:
-        """(all ranks) Stage 2: precision plugin, loops, optimizers, lr schedulers; then drop the rest.
-
-        It runs in turns only where it may allocate memory it frees again (the optimizer state read again, an
-        optimizer whose ``load_state_dict`` is not torch's own, a dtype conversion on load); otherwise the ranks of a
-        node run it at once (``ordered=False``: failures still reach every rank).
-        """
+        """(all ranks) Stage 2: precision plugin, loops, optimizers, lr schedulers; then drop the rest. In turns only
+        where it may allocate memory it frees again (optimizer state read again, a ``load_state_dict`` not torch's, a
+        dtype conversion); otherwise the node's ranks at once (``ordered=False``: failures still reach every rank)."""
         restore = self._restore
         schedule = restore.schedule if restore is not None else None
         if restore is None or schedule is None:
@@ -216,8 +203,8 @@ class _SerializedCheckpointConnectorMixin:
         self._remove_local_copy(restore)
 
     def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> set[int]:
-        """Give the cached dict its optimizer state, read again where stage 1 dropped it; memory-mapped, return the
-        storages of the file whose tensors the optimizers keep are to be copied out once they are loaded."""
+        """Give the cached dict its optimizer state (read again where stage 1 dropped it); the mapped storages to copy
+        out of once the optimizers are loaded."""
         if not restore.fitting:
             return set()
         source, restore.optimizer_source = restore.optimizer_source, OptimizerSource.IN_DICT
@@ -234,8 +221,6 @@ class _SerializedCheckpointConnectorMixin:
         if restore is not None:
             self._remove_local_copy(restore)
         super().resume_end()  # type: ignore[misc]
-
-    # ------------------------------------------------------------- helpers
 
     def _read(self, restore: _Restore, reader: str, reason: str | None = None) -> LoadedCheckpoint:
         """(one rank, inside its turn) Read and migrate the whole checkpoint (or the checked local copy of it)."""

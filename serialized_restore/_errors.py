@@ -34,6 +34,7 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<nam
 _WHERE_FRAMES = 3
 # the turn's own files, which every failure's traceback runs through: left out of where it was raised
 _MACHINERY = (f"{os.sep}serialized_restore{os.sep}_turns.py", f"{os.sep}contextlib.py")
+_BASES = (BaseException, Exception, object)  # left out of a failure's error_types
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,7 @@ class RankFailure:
         object.__setattr__(self, "kind", FailureKind(self.kind))
 
     def describe(self) -> str:
-        """One item of :class:`CheckpointRestoreError`'s message: one line on where it was raised, not the traceback
-        (which the failing rank prints and :attr:`traceback` keeps)."""
+        """One item of :class:`CheckpointRestoreError`'s message: where it was raised, not the :attr:`traceback`."""
         where = f"rank {self.global_rank}" if self.global_rank >= 0 else "an unknown rank"
         if self.node_rank is not None and self.local_rank is not None:
             where += f" (node {self.node_rank}, local rank {self.local_rank})"
@@ -75,8 +75,7 @@ class RankFailure:
 
     @classmethod
     def from_json(cls, text: str) -> RankFailure:
-        """Parse a record written by :meth:`to_json`; ``ValueError`` naming what is wrong for anything else (any
-        process that can reach the job's store may write to it: plain JSON, checked field by field)."""
+        """Parse a record written by :meth:`to_json`, field by field; ``ValueError`` naming what is wrong otherwise."""
         try:
             data = json.loads(text)
         except ValueError as err:
@@ -151,8 +150,8 @@ class CheckpointRestoreError(Exception):
 def restore_error(
     checkpoint_path: str, failures: list[RankFailure], observed_on: int, own: BaseException | None = None
 ) -> CheckpointRestoreError:
-    """The error a rank raises: also an instance of every original type among ``failures`` (in rank order) that this
-    process can name in the modules it imported (nothing is imported or evaluated), ``own``'s type as is."""
+    """The error a rank raises: also an instance of each original type among ``failures`` (in rank order) found in the
+    modules this process imported (nothing is imported or evaluated), and of ``own``'s type."""
     merged = sorted(failures, key=lambda f: f.global_rank)
     bases: list[type[BaseException]] = []
     for f in (f for f in merged if f.kind == FailureKind.EXCEPTION):
@@ -171,8 +170,7 @@ def _rebuild(
 
 @functools.cache
 def _error_class(bases: tuple[type[BaseException], ...]) -> type[CheckpointRestoreError]:
-    """The subclass that also derives from ``bases``, built once per process; bases that cannot be combined
-    (incompatible layouts, classes closed to subclassing) are dropped from the end, ``RuntimeError`` last."""
+    """The subclass that also derives from ``bases``, built once; bases that cannot combine are dropped from the end."""
     for candidate in [bases[:n] for n in range(len(bases), 0, -1)]:
         name = f"CheckpointRestoreError[{', '.join(b.__name__ for b in candidate)}]"
         with contextlib.suppress(TypeError):
@@ -207,8 +205,7 @@ def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFai
 
 
 def verdict_failures(stage: str, verdict: str) -> list[RankFailure]:
-    """The failure a stage's verdict carries after its first line (plain JSON, checked field by field: any process
-    that can reach the store can write to it)."""
+    """The failure a stage's verdict carries after its first line (checked: anyone can write to the store)."""
     try:
         return [RankFailure.from_json(verdict.partition("\n")[2])]
     except ValueError as err:
@@ -240,8 +237,7 @@ def stalled_failure(observer: RankPlacement, stage: str, waited: str, bound: flo
 
 
 def failure_from_exception(rank: RankPlacement, stage: str, err: BaseException, checkpoint_path: str) -> RankFailure:
-    """The record of an exception raised on this rank, its message led by what is wrong with
-    the file when that can be told."""
+    """The record of an exception raised on this rank, led by what is wrong with the file when that can be told."""
     message = f"{type(err).__name__}: {err}"
     explanation = explain_failure(checkpoint_path, err)
     if explanation is not None:
@@ -250,6 +246,3 @@ def failure_from_exception(rank: RankPlacement, stage: str, err: BaseException, 
     types = tuple(f"{c.__module__}:{c.__qualname__}" for c in type(err).__mro__ if c not in _BASES)
     at = (rank.global_rank, rank.node_rank, rank.local_rank, stage)
     return RankFailure(*at, FailureKind.EXCEPTION, message, where, error_types=types)
-
-
-_BASES = (BaseException, Exception, object)

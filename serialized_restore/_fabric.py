@@ -1,6 +1,5 @@
-"""Lightning Fabric: ``fabric.load`` and ``fabric.load_raw`` in per-node turns (``docs/design.md``, *Lightning Fabric*):
-upstream's ``strategy.load_checkpoint`` in each rank's turn, on the checkpoint read memory-mapped where it can be, then
-what the rank keeps copied out of the mapping; FSDP with a full checkpoint loads with its ranks together."""
+"""Lightning Fabric: ``fabric.load`` and ``fabric.load_raw`` in per-node turns (``docs/design.md``, *Lightning Fabric*);
+FSDP with a full checkpoint loads with its ranks together."""
 
 from __future__ import annotations
 
@@ -13,9 +12,9 @@ from typing import Any, Callable
 import torch
 
 from serialized_restore._compat import check_supported
-from serialized_restore._environment import options_from
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, load_optimizer_states, load_weights, upstream_reason
+from serialized_restore._options import options_from
 from serialized_restore._plan import RestorePlan, StrategyPath, plan_restore
 from serialized_restore._readers import (
     copy_kept_out_of_mapping,
@@ -71,7 +70,7 @@ class SerializedFabricMixin:
 
     @contextlib.contextmanager
     def _loading_in_turns(self) -> Iterator[None]:
-        """While upstream's ``load`` / ``load_raw`` runs, its call of ``strategy.load_checkpoint`` loads as planned."""
+        """While upstream's ``load`` / ``load_raw`` runs, its ``strategy.load_checkpoint`` loads as planned."""
         strategy, settings = self._strategy, self._serialized_settings
         if settings is None:
             yield
@@ -103,8 +102,7 @@ class SerializedFabricMixin:
     def _load_in_turn(self, plan: RestorePlan, upstream: _Load, state: Any, strict: bool, kwargs: dict[str, Any]
                       ) -> dict[str, Any]:  # fmt: skip
         """(all ranks) Upstream's ``strategy.load_checkpoint`` in this rank's turn, on the checkpoint read with the
-        plan's reader (its ``checkpoint_io`` hands it over); then, every rank at once, copy what the rank keeps out
-        of the mapping."""
+        plan's reader; then, every rank at once, copy what the rank keeps out of the mapping."""
         strategy, path = self._strategy, plan.checkpoint_path
         schedule = plan.schedule(plan.k)
         with schedule.turn(STAGE_LOAD) as record:
@@ -133,9 +131,8 @@ class SerializedFabricMixin:
 
     def _load_fsdp(self, plan: RestorePlan, modules: dict[str, Any], state: dict[str, Any], strict: bool
                    ) -> dict[str, Any]:  # fmt: skip
-        """(all ranks together) FSDP's ``load_checkpoint`` of a full checkpoint into a state holding one FSDP model,
-        memory-mapped, each rank copying only its shard (``_fsdp.py``). As upstream's full-checkpoint path, the file is
-        unpickled without restriction whatever ``weights_only`` says."""
+        """(all ranks together) FSDP's load of a full checkpoint into one FSDP model, memory-mapped, each rank copying
+        its shard (``_fsdp.py``); unpickled without restriction whatever ``weights_only`` says, as upstream."""
         strategy, flavour = self._strategy, flavour_of(self)
         self._rank_zero_info(upstream_reason(FULL, "", "load"))
         ((module_key, module),) = modules.items()
@@ -145,8 +142,7 @@ class SerializedFabricMixin:
         mapped = storages_of(checkpoint)
         load_weights(strategy, checkpoint.pop(module_key), module, strict=strict)
         states = [checkpoint.pop(key) for key in optimizers]
-        rekey = flavour.import_("strategies.model_parallel", "_rekey_optimizer_state_if_needed", fabric=True)
-        load_optimizer_states(strategy, module, list(optimizers.values()), states, schedule, rekey=rekey)
+        load_optimizer_states(strategy, module, list(optimizers.values()), states, schedule)
         del states
         requested = state.keys() - modules.keys() - optimizers.keys()
         flavour.import_("strategies.strategy", "_validate_keys_for_strict_loading", fabric=True)(
@@ -165,8 +161,8 @@ class SerializedFabricMixin:
         flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=True)(message)
 
     def _copy_for_stateful_objects(self, checkpoint: Any, state: Any, mapped: set[int]) -> int:
-        """Give stateful objects other than modules and optimizers a private copy of their entry: what they keep of
-        it cannot be found afterwards (modules copy into their parameters; optimizers are looked at afterwards)."""
+        """Give stateful objects other than modules and optimizers a private copy of their entry (what they keep of it
+        cannot be found afterwards)."""
         if not isinstance(state, dict) or not isinstance(checkpoint, dict):
             return 0
         stateful = flavour_of(self).import_("utilities.types", "_Stateful", fabric=True)
@@ -182,8 +178,8 @@ class SerializedFabricMixin:
 
     @staticmethod
     def _copy_kept(state: Any, remainder: Any, mapped: set[int]) -> int:
-        """Copy out of the mapping what the optimizers kept, the plain values put into ``state`` and the remainder,
-        in one walk: a tensor reachable from several of them gets one copy, shared as upstream's one object is."""
+        """Copy out of the mapping what the optimizers kept, the values put into ``state`` and the remainder, in one
+        walk: a tensor reachable from several of them gets one shared copy."""
         if isinstance(state, torch.optim.Optimizer):
             return copy_kept_out_of_mapping([state], mapped)
         containers = [remainder]
@@ -194,8 +190,7 @@ class SerializedFabricMixin:
 
 
 class _AlreadyRead:
-    """A stand-in ``CheckpointIO`` for one call of upstream's ``strategy.load_checkpoint``: its read returns the
-    checkpoint the rank read in its turn (once: the dict is not kept)."""
+    """A stand-in ``CheckpointIO`` whose one read returns the checkpoint the rank read in its turn."""
 
     def __init__(self, checkpoint: Any) -> None:
         self._checkpoint: Any = checkpoint

@@ -1,6 +1,5 @@
-"""Which Lightning package an object comes from, ``lightning`` or ``pytorch_lightning``/``lightning_fabric``: the
-package's logic is written once and imports the Lightning names it needs from the flavour of the object it works on.
-"""
+"""Which Lightning package an object comes from (``lightning`` or ``pytorch_lightning``/``lightning_fabric``), so
+that the logic, written once, imports the Lightning names it needs from the flavour of the object it works on."""
 
 from __future__ import annotations
 

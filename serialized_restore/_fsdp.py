@@ -1,10 +1,5 @@
-"""FSDP: restore a full checkpoint with every rank at once, memory-mapped (``docs/design.md``, *FSDP*).
-
-FSDP restores with collectives, so its ranks cannot take turns; memory is bounded by how the file is read instead.
-Every rank maps the file, loads the weights from the mapping as upstream does, and hands FSDP the optimizer state as
-mapped tensors, so that each rank copies only its own shard. What FSDP frees per unit goes back to the operating system
-at once (:func:`release_freed_memory`). A sharded checkpoint is left to upstream's code.
-"""
+"""FSDP: restore a full checkpoint with every rank at once, memory-mapped (``docs/design.md``, *FSDP*): FSDP restores
+with collectives, so its ranks cannot take turns; each rank copies only its own shard from the mapping."""
 
 from __future__ import annotations
 
@@ -57,8 +52,7 @@ def upstream_reason(kind: str | None, why: str, verb: str) -> str:
 def load_full_checkpoint(
     strategy: Any, path: Any, weights_only: bool | None, fitting: bool, schedule: TurnSchedule
 ) -> dict[str, Any]:
-    """(all ranks together) ``FSDPStrategy.load_checkpoint`` for a full checkpoint, memory-mapped; the checkpoint
-    dict without ``state_dict``. ``weights_only=None`` means ``False``, as in upstream's FSDP restore."""
+    """(all ranks together) FSDP's ``load_checkpoint`` of a full checkpoint, mapped; the dict less its weights."""
     model = strategy.model
     checkpoint = load_mmap(path, "cpu", False if weights_only is None else weights_only)
     # popped, so that nothing but FSDP's load holds the weights' dict, and it goes as soon as the load is done
@@ -73,9 +67,7 @@ def load_full_checkpoint(
             " of optimizers or edit the checkpoint manually to remove states."
         )
     mapped = storages_of(optimizer_states)
-    # Lightning's own re-keying (by parameter index to by name), as upstream's FSDP restore does it
-    rekey = flavour_of(strategy).import_("strategies.model_parallel", "_rekey_optimizer_state_if_needed", fabric=True)
-    load_optimizer_states(strategy, model, strategy.optimizers, optimizer_states, schedule, rekey=rekey)
+    load_optimizer_states(strategy, model, strategy.optimizers, optimizer_states, schedule)
     # what the optimizers keep of the mapped state (each parameter's `step`; with NO_SHARD, everything) becomes
     # private memory, as on Fabric's FSDP path: no training state stays backed by the file
     copy_kept_out_of_mapping(strategy.optimizers, mapped)
@@ -85,8 +77,7 @@ def load_full_checkpoint(
 
 
 def load_weights(strategy: Any, state_dict: dict[str, Any], model: Any, strict: bool) -> None:
-    """(all ranks together) Lightning's ``_load_raw_module_state`` of the full ``state_dict`` into the FSDP ``model``,
-    the memory each unit gathers handed back as soon as it is done."""
+    """(all ranks together) Lightning's ``_load_raw_module_state``, each unit's gathered memory freed when done."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     load_raw_module_state = flavour_of(strategy).import_(
@@ -105,22 +96,16 @@ def load_weights(strategy: Any, state_dict: dict[str, Any], model: Any, strict: 
 
 
 def load_optimizer_states(
-    strategy: Any,
-    model: Any,
-    optimizers: list[Any],
-    states: list[dict[str, Any]],
-    schedule: TurnSchedule,
-    rekey: Callable[[dict[str, Any], Any], dict[str, Any]],
+    strategy: Any, model: Any, optimizers: list[Any], states: list[dict[str, Any]], schedule: TurnSchedule
 ) -> None:
-    """(all ranks together) Load each full optimizer state (mapped tensors) into its optimizer, every rank copying
-    only its shard. ``rekey`` turns a state keyed by parameter index into one keyed by name. Rank 0 re-keys first,
-    before any collective, so that its failure reaches the others through ``schedule`` instead of a hung collective.
-    """
+    """(all ranks together) Load each full optimizer state (mapped) into its optimizer, each rank copying its shard.
+    Rank 0 re-keys first, so that its failure reaches the others through ``schedule``, not as a hung collective."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    full_state_dict_context = flavour_of(strategy).import_(
-        "strategies.fsdp", "_get_full_state_dict_context", fabric=True
-    )
+    flavour = flavour_of(strategy)
+    full_state_dict_context = flavour.import_("strategies.fsdp", "_get_full_state_dict_context", fabric=True)
+    # Lightning's own re-keying (by parameter index to by name), as upstream's FSDP restore does it
+    rekey = flavour.import_("strategies.model_parallel", "_rekey_optimizer_state_if_needed", fabric=True)
     prepared: list[dict[str, Any]] = [{} for _ in states]
 
     def prepare() -> None:
@@ -141,9 +126,7 @@ def load_optimizer_states(
 
 
 def release_freed_memory() -> None:
-    """Hand the memory glibc keeps after frees back to the operating system (``malloc_trim``; a no-op elsewhere):
-    freed heap blocks below its mmap threshold stay resident, so one FSDP unit after another would keep their
-    high-water mark as private memory."""
+    """Hand the memory glibc keeps after frees back to the operating system (``malloc_trim``; a no-op elsewhere)."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

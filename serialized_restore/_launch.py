@@ -1,6 +1,5 @@
-"""``serialized-restore run`` and ``SERIALIZED_RESTORE``: every Lightning ``Trainer`` and ``Fabric`` of a job built
-with the serialized restore on by default, without a change to the program (``docs/launcher.md``). The launcher puts
-the bootstrap ``sitecustomize`` first on ``PYTHONPATH``; its import hook calls :func:`switch_on`."""
+"""``serialized-restore run`` and ``SERIALIZED_RESTORE``: the serialized restore on by default for every ``Trainer``
+and ``Fabric`` of a job, through the bootstrap ``sitecustomize``'s import hook (``docs/launcher.md``)."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ _announced = False
 
 
 def parse(raw: str) -> bool | int | str:
-    """The ``serialized_checkpoint_loading`` value ``SERIALIZED_RESTORE=raw`` stands for; ``ValueError`` naming the
-    variable and the accepted values when it stands for none."""
+    """The ``serialized_checkpoint_loading`` value ``SERIALIZED_RESTORE=raw`` stands for, else ``ValueError``."""
     text = raw.strip()
     if text == "auto":
         return "auto"
@@ -53,9 +51,8 @@ def parse(raw: str) -> bool | int | str:
 
 
 def switch_on(imported: str, raw: str, launched: bool) -> None:
-    """(each process, once a Lightning package or the project's module for it has run) After the package, import the
-    module; after the module, give its classes the package's names, defaulting to the value ``SERIALIZED_RESTORE=raw``
-    stands for. A malformed value raises ``ValueError`` from the import of Lightning."""
+    """(each process) After a Lightning package ran, import our module for it; after that module ran, give its classes
+    the package's names, defaulting to the value ``SERIALIZED_RESTORE=raw`` stands for."""
     value = parse(raw)
     if value is False:
         return
@@ -72,8 +69,7 @@ def switch_on(imported: str, raw: str, launched: bool) -> None:
 
 
 def _default_to(cls: type, value: object, by: str, fabric: bool) -> None:
-    """Make ``value`` the default of ``cls(serialized_checkpoint_loading=...)``, in its signature too (LightningCLI
-    builds its parser from it); the first construction in a process logs on rank 0 what it used."""
+    """Make ``value`` the default of ``cls(serialized_checkpoint_loading=...)``, in its signature too (LightningCLI)."""
     init: Callable[..., None] = cls.__init__  # type: ignore[misc]  # the class's own, as built by its module
     signature = inspect.signature(init)
 
@@ -93,7 +89,6 @@ def _default_to(cls: type, value: object, by: str, fabric: bool) -> None:
                 f"serialized restore: the program builds {owner}(serialized_checkpoint_loading={given!r}) itself,"
                 f" which wins over {value!r} set {by}"
             )
-        # through Lightning's rank-zero logger, of the flavour the object comes from
         flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=fabric)(message)
 
     parameters = [p.replace(default=value) if p.name == _PARAMETER else p for p in signature.parameters.values()]

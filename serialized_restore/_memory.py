@@ -41,8 +41,7 @@ def format_bytes(count: int) -> str:
 
 
 def private_memory() -> int:
-    """This process's private resident memory in bytes: ``RssAnon`` (mapped file pages left out), or 0 where
-    ``/proc`` cannot be read (the package supports Linux only)."""
+    """This process's private resident memory (``RssAnon``: mapped file pages left out), or 0 without ``/proc``."""
     try:
         with open("/proc/self/status") as f:
             for line in f:

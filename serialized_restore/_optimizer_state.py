@@ -1,5 +1,4 @@
-"""What stage 2 of a Trainer's restore does with the optimizer state: where it comes from, whether a hook changed
-what was read eagerly (then it is kept instead of read again), and whether loading it allocates only what is kept."""
+"""Stage 2 of a Trainer's restore and the optimizer state: where it comes from, and what loading it allocates."""
 
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ class OptimizerSource(enum.Enum):
 
 
 class Fingerprint:
-    """A cheap structural snapshot, equal to another when nothing was added, removed, replaced or changed in place in
-    between: tensors by identity and version counter (referenced, so that their ``id`` is not reused), plain leaves by
-    value."""
+    """A cheap structural snapshot, equal when nothing was added, removed, replaced or changed in place in between:
+    tensors by identity (kept referenced) and version counter, plain leaves by value."""
 
     def __init__(self, obj: Any) -> None:
         self.shape: list[Any] = []
@@ -54,15 +52,13 @@ class Fingerprint:
 
 
 def load_in_place(optimizers: list[Any]) -> bool:
-    """Whether every optimizer's ``load_state_dict`` is torch's own, which keeps each given state tensor (or a copy
-    of it on the parameter's device or in its dtype) and allocates nothing it frees again."""
+    """Whether every optimizer's ``load_state_dict`` is torch's own, which allocates nothing it frees again."""
     return all(type(optimizer).load_state_dict is torch.optim.Optimizer.load_state_dict for optimizer in optimizers)
 
 
 def converts_on_load(optimizers: list[Any], states: Any) -> bool:
-    """Whether torch's ``load_state_dict`` converts a saved floating-point state tensor to its parameter's dtype (an
-    fp32 state into a bf16 model), which allocates a host temporary: then the ranks of a node must not do it at once.
-    Saved state is matched to parameters as torch matches it."""
+    """Whether torch's ``load_state_dict`` converts a saved floating-point state tensor to its parameter's dtype,
+    which allocates a host temporary: then the ranks of a node must not do it at once."""
     for optimizer, saved in zip(optimizers, states or []):
         if not isinstance(saved, dict):
             continue

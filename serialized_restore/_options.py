@@ -1,4 +1,5 @@
-"""``Trainer(serialized_checkpoint_loading=...)``: the typed settings object, and what a value stands for."""
+"""``Trainer(serialized_checkpoint_loading=...)``: the typed settings object, what a value stands for, and the
+``SERIALIZED_RESTORE_*`` variables that override its fields (read by the add-on's ``Trainer`` and ``Fabric`` only)."""
 
 from __future__ import annotations
 
@@ -112,3 +113,52 @@ def _positive_int(value: object) -> int | None:
         return None
     k = operator.index(value)
     return k if k >= 1 else None
+
+
+# every override variable, and the field of SerializedLoading it overrides
+ENVIRONMENT_OVERRIDES = {
+    "SERIALIZED_RESTORE_TURN_TIMEOUT": "turn_timeout",
+    "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT": "heartbeat_timeout",
+    "SERIALIZED_RESTORE_READER": "reader",
+    "SERIALIZED_RESTORE_TMPDIR": "tmpdir",
+    "SERIALIZED_RESTORE_AVAILABLE_MEMORY": "available_memory",
+}
+
+
+def options_from(value: object, owner: str = "Trainer") -> SerializedLoading | None:
+    """``settings_of(value)`` with the fields the environment sets overridden; ``ValueError`` naming a bad variable."""
+    if value is False:
+        return None
+    overrides: dict[str, Any] = {}
+    for name, field in ENVIRONMENT_OVERRIDES.items():
+        raw = os.environ.get(name, "").strip()
+        if raw:
+            overrides[field] = _parse(name, field, raw)
+    return settings_of(value, owner, **overrides)
+
+
+def _parse(name: str, field: str, raw: str) -> Any:
+    """The value of the variable ``name`` for ``field``; a ``ValueError`` quoting it and what is expected."""
+    if field == "tmpdir":
+        return raw
+    if field == "reader":
+        if (reader := raw.lower()) not in READERS:
+            raise ValueError(f"`{name}={reader!r}` is not supported. Accepted values: {', '.join(READERS)}.")
+        return reader
+    if field == "available_memory":
+        try:
+            count = int(float(raw))
+        except ValueError as err:
+            raise ValueError(f"`{name}={raw!r}` is not a number of bytes, e.g. 17179869184.") from err
+        if count < 0:
+            raise ValueError(f"`{name}={raw!r}` must not be negative.")
+        return count
+    try:
+        seconds = float(raw)
+    except ValueError as err:
+        raise ValueError(
+            f"`{name}={raw!r}` is not a number of seconds. Set it to a positive number, e.g. 600."
+        ) from err
+    if not seconds > 0:
+        raise ValueError(f"`{name}={raw!r}` must be a positive number of seconds, e.g. 600.")
+    return seconds

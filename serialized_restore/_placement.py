@@ -8,8 +8,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class RankPlacement:
-    """Global and node-local rank of a process; global rank ``node_rank * local_world_size + local_rank``, as every
-    Lightning cluster environment and ``torchrun`` number homogeneous nodes."""
+    """Global and node-local rank of a process; global rank ``node_rank * local_world_size + local_rank``."""
 
     global_rank: int
     world_size: int

@@ -1,9 +1,5 @@
-"""How a restore runs, decided once on every rank for the Trainer's connector and Fabric alike (``docs/design.md``,
-*Strategies*): the strategy's path, the node-local copy of a remote file, the reader and ``k``.
-
-Turns serialize the ranks of a node, so nothing inside a turn may run a collective: single device and the DDP family
-restore in turns, FSDP with its ranks together (``_fsdp.py``), anything else as upstream.
-"""
+"""How a restore runs, decided once on every rank for the Trainer and Fabric alike (``docs/design.md``, *Strategies*):
+the strategy's path, the node-local copy of a remote file, the reader and ``k``."""
 
 from __future__ import annotations
 
@@ -38,10 +34,8 @@ class StrategyPath(enum.Enum):
 
 
 def choose_strategy_path(strategy: Any, owner: str, value: object, warned: set[type]) -> StrategyPath:
-    """(all ranks) The path of ``strategy``, a strategy of a ``Trainer`` or of a ``Fabric`` (``owner``).
-
-    ``UPSTREAM`` comes with one warning on rank zero per strategy class (``warned``), quoting the option's ``value``.
-    """
+    """(all ranks) The path of a ``Trainer``'s or ``Fabric``'s (``owner``) strategy; ``UPSTREAM`` warns once per class.
+    Nothing in a turn may run a collective: single device and DDP in turns, FSDP together, anything else upstream."""
     fabric = owner == "Fabric"
     flavour = flavour_of(strategy)
     ddp, single, fsdp = (
@@ -57,11 +51,8 @@ def choose_strategy_path(strategy: Any, owner: str, value: object, warned: set[t
         return StrategyPath.TURNS
     if type(strategy) not in warned:
         warned.add(type(strategy))
-        why = (
-            f"it overrides {', '.join(overridden)}"
-            if overridden
-            else "its restore may run collectives, which cannot run while ranks take turns"
-        )
+        collectives = "its restore may run collectives, which cannot run while ranks take turns"
+        why = f"it overrides {', '.join(overridden)}" if overridden else collectives
         done = "loaded" if fabric else "restored"
         flavour.import_("utilities.rank_zero", "rank_zero_warn", fabric=fabric)(
             f"`{owner}(serialized_checkpoint_loading={value!r})` has no effect with {type(strategy).__name__}:"
@@ -85,8 +76,7 @@ class RestorePlan:
     k: int = 1
 
     def schedule(self, k: int | None = None) -> TurnSchedule:
-        """(all ranks) A schedule over the job's default store (none for a single process); ``k``: by default every
-        local rank at once."""
+        """(all ranks) A schedule over the job's default store; ``k``: by default every local rank at once."""
         initialized = dist.is_available() and dist.is_initialized()
         store = dist.distributed_c10d._get_default_store() if initialized and self.placement.world_size > 1 else None
         return TurnSchedule(
@@ -110,10 +100,8 @@ def plan_restore(
     fetch: Callable[[RestorePlan], Any] | None = None,
     fsdp: bool = True,
 ) -> RestorePlan:
-    """(all ranks) How ``owner`` (a ``Trainer`` or a ``Fabric``, ``owner_name``) restores ``checkpoint_path`` with the
-    option set to ``value``: FSDP only with a full checkpoint; in turns, the file ``fetch`` returns (a node-local copy
-    of a remote one) read with the reader the settings and the file allow, ``k`` as given or as ``"auto"`` chose it.
-    ``fsdp=False``: a call FSDP's own load serves (Fabric's, with other than one FSDP module to load into)."""
+    """(all ranks) How ``owner`` (``owner_name``) restores ``checkpoint_path``: FSDP only with a full checkpoint (and
+    ``fsdp``); in turns, the file ``fetch`` returns, with the reader the settings and the file allow, and ``k``."""
     strategy = owner.strategy
     path = choose_strategy_path(strategy, owner_name, value, warned)
     plan = RestorePlan(path, RankPlacement.of(owner), settings, checkpoint_path, log, source=checkpoint_path)
@@ -141,8 +129,7 @@ _noted_one_rank_per_node = False
 
 
 def note_one_rank_per_node(placement: RankPlacement, info: Callable[[str], None]) -> None:
-    """(every rank; ``info`` logs on global rank 0) Say once per process that with one rank per node no two ranks
-    share a node's memory: turns serialize nothing and save nothing."""
+    """(every rank) Say once per process, on rank 0, that with one rank per node the turns save nothing."""
     global _noted_one_rank_per_node
     if placement.local_world_size > 1 or placement.world_size == 1 or _noted_one_rank_per_node:
         return

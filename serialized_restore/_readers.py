@@ -1,9 +1,6 @@
 """How checkpoint bytes are read (``docs/design.md``, *Readers*); the turn schedule (``_turns.py``) decides when.
-
-``mmap``: ``torch.load(path, mmap=True)``, for a local zip-format file read by the stock ``TorchCheckpointIO`` (a
-custom ``CheckpointIO`` may do anything). ``eager``: the strategy's own load, as upstream. Both read with the
-``weights_only`` the installed Lightning reads with (``_compat.py``: before 2.6, ``False`` whatever was asked).
-"""
+``mmap`` (a local zip file, stock ``TorchCheckpointIO``) or ``eager`` (the strategy's own load), both with the
+``weights_only`` the installed Lightning reads with (``_compat.py``)."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ class LoadedCheckpoint:
 
 
 def local_path(path: Any) -> str | None:
-    """The checkpoint's path on the local file system, or ``None`` for a URL or a file-like object; local as for
-    Lightning's ``_is_local_file_protocol`` (fsspec's protocol is ``file``)."""
+    """The local path (fsspec's protocol ``file``, as for Lightning), or ``None`` for a URL or a file object."""
     if not isinstance(path, (str, os.PathLike)) or fsspec.utils.get_protocol(os.fspath(path)) != "file":
         return None
     return os.fspath(path).removeprefix("file://")
@@ -136,11 +132,9 @@ def read_checkpoint(
     read_eagerly: Callable[..., Any] | None = None,
     fabric: bool = False,
 ) -> LoadedCheckpoint:
-    """(one rank, inside its turn) Read the whole checkpoint with ``reader`` (``"mmap"`` or ``"eager"``, as
-    :func:`choose_reader` chose it), saying on ``logger`` why not memory-mapped (``reason``) if so. Eager reading calls
-    ``read_eagerly`` (default: the strategy's ``load_checkpoint``), with ``weights_only`` where the release (its
-    Trainer's, or ``fabric``'s) passes it.
-    Memory-mapped, private memory grows by the unpickled containers only; eager, by the file."""
+    """(one rank, inside its turn) Read the whole checkpoint with ``reader``, logging ``reason`` for an eager read;
+    eager calls ``read_eagerly`` (default: the strategy's ``load_checkpoint``), with ``weights_only`` where the release
+    passes it. Private memory grows by the unpickled containers only (mmap), or by the file (eager)."""
     flavour = flavour_of(strategy)
     if reader == "mmap":
         # as TorchCheckpointIO: keep the device each tensor was saved from
@@ -156,8 +150,7 @@ def read_checkpoint(
 
 
 def wait_for_device_copies() -> None:
-    """(one rank) Wait for the copies queued on the current CUDA stream before the checkpoint's host memory (or
-    mapping) is dropped: a host-to-device copy may still read it (unified memory may not stage it)."""
+    """(one rank) Before the host memory or mapping is dropped: a queued host-to-device copy may still read it."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.current_stream().synchronize()
 
@@ -178,8 +171,7 @@ def storages_of(obj: Any) -> set[int]:
 
 
 def copy_kept_out_of_mapping(optimizers: list[Any], mapped: set[int]) -> int:
-    """Copy into private memory what the optimizers kept of the mapped state (storages ``mapped``); the bytes
-    copied. What ``load_state_dict`` moved to a GPU or dropped (another rank's shard) is not copied."""
+    """Copy into private memory what the optimizers kept of the storages ``mapped``; the bytes copied."""
     return copy_out_of_mapping(optimizer_containers(optimizers), mapped)
 
 

@@ -1,9 +1,5 @@
-"""Remote (fsspec) checkpoints: fetched once per node into a private temporary directory, removed after the restore.
-
-Local rank 0 of each node downloads the file in a first round of turns, into a directory :func:`tempfile.mkdtemp`
-creates for this restore; the node's other ranks learn its path through the store and check it before they read
-(``docs/security.md``). Upstream downloads on every rank instead.
-"""
+"""Remote (fsspec) checkpoints: fetched once per node into a private temporary directory, removed after the restore
+(``docs/security.md``). Upstream downloads on every rank instead."""
 
 from __future__ import annotations
 
@@ -34,8 +30,7 @@ def is_remote(path: Any) -> bool:
 
 
 def check_fetch_directory(directory: str) -> None:
-    """Raise, naming the directory and the setting, unless it is a directory other users cannot write to (or can
-    only with the sticky bit, as ``/tmp``): nobody else may rename or replace what this process creates in it."""
+    """Raise, naming the directory and the setting, unless only we can write to it (or others with the sticky bit)."""
     where = f"{directory!r} ({TMPDIR_SETTING}, or the system's temporary directory when it is not set)"
     try:
         mode = os.stat(directory).st_mode
@@ -65,8 +60,7 @@ def ensure_free_space(directory: str, needed: int) -> None:
 
 
 class NodeLocalCopy:
-    """The local copy of a remote checkpoint, shared by the ranks of one node: local rank 0 fetches and removes it;
-    every rank adopts its path from local rank 0's decision and checks it again before each read."""
+    """The local copy of a remote checkpoint, shared by the ranks of one node: local rank 0 fetches and removes it."""
 
     def __init__(self, url: Any, directory: str | None = None, logger: logging.Logger = log) -> None:
         self.url = str(url)
@@ -77,8 +71,7 @@ class NodeLocalCopy:
         self._private: str | None = None  # the directory this process created: the only thing ever removed
 
     def fetch(self) -> str:
-        """(local rank 0, inside its turn) Download the file into a new private directory; the decision for the node,
-        ``{"path": ..., "size": ...}`` as JSON. Leaves nothing behind when it fails."""
+        """(local rank 0, inside its turn) Download into a new private directory; the node's decision as JSON."""
         from fsspec.core import url_to_fs
 
         check_fetch_directory(self.directory)
@@ -107,8 +100,7 @@ class NodeLocalCopy:
         return json.dumps({"path": path, "size": written})
 
     def adopt(self, decision: str) -> None:
-        """(every rank of the node) Take the path from local rank 0's decision, read back from the store, once it is
-        checked: parsed as JSON, never evaluated."""
+        """(every rank of the node) Take the path from local rank 0's decision, once it is checked."""
         check_fetch_directory(self.directory)
         try:
             data = json.loads(decision)
@@ -134,12 +126,10 @@ class NodeLocalCopy:
         """(local rank 0) Remove the private directory and everything in it, if this process created it."""
         private, self._private = self._private, None
         if private is not None:
-            # shutil.rmtree does not follow symbolic links
             shutil.rmtree(private, ignore_errors=True)
 
     def _check(self, path: str, size: int) -> None:
-        """Raise ``PermissionError`` unless ``path`` is ``<directory>/serialized-restore-*/checkpoint.ckpt`` in a
-        directory owned by this user, mode 0700, not a symbolic link, and a regular file of ``size`` bytes."""
+        """Raise ``PermissionError`` unless ``path`` is our private copy of ``size`` bytes."""
         parent = os.path.dirname(path)
         if not (
             "\0" not in path
@@ -157,19 +147,16 @@ class NodeLocalCopy:
             raise PermissionError(f"{self._refusal(path)}: {err}.") from None
         uid = os.geteuid()
         directory_mode = stat.S_IMODE(directory.st_mode)
-        problems = [
-            what
-            for what, bad in (
-                ("its directory is not a directory (a symbolic link?)", not stat.S_ISDIR(directory.st_mode)),
-                (f"its directory is owned by uid {directory.st_uid}, not {uid}", directory.st_uid != uid),
-                (f"its directory has mode {directory_mode:04o}, not 0700", directory_mode != 0o700),
-                ("it is not a regular file", not stat.S_ISREG(file.st_mode)),
-                (f"it is owned by uid {file.st_uid}, not {uid}", file.st_uid != uid),
-                (f"it has mode {stat.S_IMODE(file.st_mode):04o}", stat.S_IMODE(file.st_mode) & 0o077),
-                (f"it has {file.st_size} bytes, not {size}", file.st_size != size),
-            )
-            if bad
-        ]
+        checks = (
+            ("its directory is not a directory (a symbolic link?)", not stat.S_ISDIR(directory.st_mode)),
+            (f"its directory is owned by uid {directory.st_uid}, not {uid}", directory.st_uid != uid),
+            (f"its directory has mode {directory_mode:04o}, not 0700", directory_mode != 0o700),
+            ("it is not a regular file", not stat.S_ISREG(file.st_mode)),
+            (f"it is owned by uid {file.st_uid}, not {uid}", file.st_uid != uid),
+            (f"it has mode {stat.S_IMODE(file.st_mode):04o}", stat.S_IMODE(file.st_mode) & 0o077),
+            (f"it has {file.st_size} bytes, not {size}", file.st_size != size),
+        )
+        problems = [what for what, bad in checks if bad]
         if problems:
             raise PermissionError(f"{self._refusal(path)}: {'; '.join(problems)}.")
 

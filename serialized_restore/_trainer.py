@@ -10,9 +10,8 @@ from typing import Any, Callable, ClassVar, Literal, Union
 
 from serialized_restore._compat import check_supported
 from serialized_restore._connector import _SerializedCheckpointConnectorMixin
-from serialized_restore._environment import options_from
 from serialized_restore._flavour import STANDALONE, UNIFIED, flavour_of
-from serialized_restore._options import SerializedLoading
+from serialized_restore._options import SerializedLoading, options_from
 
 try:  # LightningCLI's parser: with it, bad values are refused at parse time with a usage error
     from jsonargparse.typing import PositiveInt
@@ -86,8 +85,7 @@ class SerializedRestoreTrainerMixin:
 
 
 def _naming_the_import(entry_point: Callable[..., Any]) -> Callable[..., Any]:
-    """Upstream's ``fit`` (``validate``, ...), whose ``TypeError`` for a model that is not a ``LightningModule``
-    also names the import that fits, when the model is a ``LightningModule`` of the other flavour."""
+    """Upstream's ``fit`` (...), whose ``TypeError`` for a ``LightningModule`` of the other flavour names the import."""
 
     @functools.wraps(entry_point)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -109,8 +107,7 @@ def _naming_the_import(entry_point: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _with_upstream_signature(cls: type) -> Callable[..., None]:
-    """An ``__init__`` for a flavour's ``Trainer`` whose signature is upstream's parameters plus ours, so that
-    ``inspect.signature``, IDEs, ``--help`` and LightningCLI see every argument with its type."""
+    """An ``__init__`` whose signature is upstream's plus ours, for ``inspect.signature``, IDEs and LightningCLI."""
     upstream = next(b for b in cls.__mro__[1:] if "__init__" in b.__dict__ and b is not SerializedRestoreTrainerMixin)
     upstream_init = upstream.__dict__["__init__"]
     mixin_init = SerializedRestoreTrainerMixin.__init__
@@ -134,8 +131,7 @@ def _with_upstream_signature(cls: type) -> Callable[..., None]:
 
 
 def disable_checkpoint_callbacks(trainer: Any) -> None:
-    """(each rank, a restore failed half-way) Remove from ``trainer.callbacks`` the checkpoint callbacks that could
-    save the partly restored model in ``on_exception``, with one warning naming them (by default there are none)."""
+    """(each rank, a restore failed half-way) Remove the checkpoint callbacks that would save in ``on_exception``."""
     flavour = flavour_of(trainer)
     checkpoint_cls = flavour.import_("callbacks", "Checkpoint")
     model_checkpoint_cls = flavour.import_("callbacks", "ModelCheckpoint")

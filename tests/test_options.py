@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from serialized_restore import SerializedLoading, Trainer
-from serialized_restore._environment import ENVIRONMENT_OVERRIDES, options_from
-from serialized_restore._options import settings_of
+from serialized_restore._options import ENVIRONMENT_OVERRIDES, options_from, settings_of
 from serialized_restore.lightning import Trainer as UnifiedTrainer
 
 

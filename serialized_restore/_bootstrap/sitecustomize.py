@@ -1,8 +1,5 @@
-"""Imported by Python at startup in every process that ``serialized-restore run`` starts (``docs/launcher.md``).
-
-With ``SERIALIZED_RESTORE`` set it registers an import hook and imports nothing else, so that a process that never
-imports Lightning is unchanged. Then it imports the ``sitecustomize`` it shadows, if any, as Python would have.
-"""
+"""Imported at startup in every process ``serialized-restore run`` starts (``docs/launcher.md``): registers an import
+hook and imports nothing else, then imports the ``sitecustomize`` it shadows, if any."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ _HERE = os.path.dirname(os.path.realpath(__file__))
 
 
 class _LightningImportHook:
-    """A meta path finder that lets the finders after it find a watched module, and calls
-    ``serialized_restore._launch.switch_on`` once the module has run, before the program sees it."""
+    """A meta path finder that calls ``serialized_restore._launch.switch_on`` once a watched module has run."""
 
     def __init__(self, raw: str, launched: bool) -> None:
         self.raw = raw
