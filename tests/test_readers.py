@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -51,10 +52,15 @@ def test_local_path() -> None:
     assert local_path(object()) is None
 
 
+def _read(strategy: Any, path: str, weights_only: bool, requested: str) -> Any:
+    """As a plan reads: the reader ``choose_reader`` picks for ``requested``, then ``read_checkpoint``."""
+    return read_checkpoint(strategy, path, weights_only, *choose_reader(strategy, path, requested))
+
+
 def test_zip_checkpoint_is_memory_mapped(tmp_path: Path) -> None:
     """A local zip checkpoint read by the stock CheckpointIO is memory-mapped and equals the saved content."""
     saved = _save(tmp_path / "a.ckpt")
-    loaded = read_checkpoint(_strategy(), str(tmp_path / "a.ckpt"), weights_only=True, reader="auto")
+    loaded = _read(_strategy(), str(tmp_path / "a.ckpt"), True, "auto")
     assert loaded.reader == "mmap"
     assert loaded.bytes_read == (tmp_path / "a.ckpt").stat().st_size
     assert torch.equal(loaded.checkpoint["state_dict"]["w"], saved["state_dict"]["w"])
@@ -68,7 +74,7 @@ def test_fallback_to_eager(tmp_path: Path, caplog: pytest.LogCaptureFixture, cas
     saved = _save(path, _use_new_zipfile_serialization=case != "legacy")
     strategy = _strategy(_OtherIO() if case == "custom_io" else None)
     with caplog.at_level(logging.INFO):
-        loaded = read_checkpoint(strategy, str(path), weights_only=True, reader="eager" if case == "eager" else "mmap")
+        loaded = _read(strategy, str(path), True, "eager" if case == "eager" else "mmap")
     assert loaded.reader == "eager"
     assert torch.equal(loaded.checkpoint["state_dict"]["w"], saved["state_dict"]["w"])
     if case != "eager":
@@ -82,8 +88,8 @@ def test_weights_only_keeps_its_meaning(tmp_path: Path, reader: str) -> None:
     path = tmp_path / "a.ckpt"
     torch.save({"state_dict": {}, "extra": _Custom()}, path)
     with pytest.raises(Exception, match="weights_only"):
-        read_checkpoint(_strategy(), str(path), weights_only=True, reader=reader)
-    loaded = read_checkpoint(_strategy(), str(path), weights_only=False, reader=reader)
+        _read(_strategy(), str(path), True, reader)
+    loaded = _read(_strategy(), str(path), False, reader)
     assert loaded.checkpoint["extra"].value == 3
 
 
@@ -145,7 +151,7 @@ def test_mmap_checkpoint_io_maps_local_zip_files(tmp_path: Path) -> None:
     loaded = MmapCheckpointIO().load_checkpoint(str(path), weights_only=True)
     assert str(path) in _mapped_files()
     assert torch.equal(loaded["state_dict"]["w"], saved["state_dict"]["w"])
-    assert read_checkpoint(_strategy(MmapCheckpointIO()), str(path), True, "auto").reader == "mmap"
+    assert _read(_strategy(MmapCheckpointIO()), str(path), True, "auto").reader == "mmap"
 
 
 @pytest.mark.parametrize("case", ["legacy", "file_object"])
@@ -217,7 +223,7 @@ def test_a_missing_file_is_read_eagerly_without_a_reason(tmp_path: Path, caplog:
     assert choose_reader(_strategy(), missing, "mmap") == ("eager", None)
     with caplog.at_level(logging.INFO):
         with pytest.raises(FileNotFoundError, match="Checkpoint file not found"):
-            read_checkpoint(_strategy(), missing, weights_only=True, reader="mmap")
+            _read(_strategy(), missing, True, "mmap")
         with pytest.raises(FileNotFoundError, match="Checkpoint file not found"):
             MmapCheckpointIO().load_checkpoint(missing, weights_only=True)
     assert "eagerly" not in caplog.text
@@ -233,7 +239,7 @@ def test_a_file_that_is_no_checkpoint_is_read_eagerly_without_a_reason(
     assert choose_reader(_strategy(), str(garbage), "mmap") == ("eager", None)
     with caplog.at_level(logging.INFO):
         with pytest.raises(pickle.UnpicklingError):
-            read_checkpoint(_strategy(), str(garbage), weights_only=True, reader="mmap")
+            _read(_strategy(), str(garbage), True, "mmap")
     assert "eagerly" not in caplog.text
     legacy = tmp_path / "legacy.ckpt"
     torch.save({"a": torch.ones(2)}, legacy, _use_new_zipfile_serialization=False)
