@@ -1,13 +1,12 @@
 """The turn schedule at scale: R ranks in nodes of L local ranks, k turns at a time per node, on one real store.
 
-Real: one ``torch.distributed.TCPStore`` server (libuv, hosted by this process on 127.0.0.1), one client of it per
-rank (``is_master=False``, counted by a wrapping ``dist.Store``), and the package's turn code: each rank runs one stage
-through its own ``serialized_restore._turns.TurnSchedule`` on its own client. Simulated: ranks are threads, one per
-rank, in ``--procs`` worker processes forked by this one (blocking store calls release the GIL), so all ranks share
-this machine's cores; a turn's body is ``time.sleep(T)``. Ranks connect, then are released at once; ``wall_s`` runs
-from the release until the last rank left the stage. ``--fail-rank X``: rank X raises ``ValueError`` at the start of
-its turn; ``all_raised_s`` runs from then until the last other rank raised. Prints one JSON object; exits 1 if a rank
-hung or raised unexpectedly (or, with a failure, another rank's error did not name rank X).
+Real: one ``torch.distributed.TCPStore`` server (libuv, in this process, 127.0.0.1), one client per rank (counted by a
+wrapping ``dist.Store``), the package's turn code: each rank runs one stage through its own ``TurnSchedule`` on its
+own client. Simulated: ranks are threads in ``--procs`` worker processes forked by this one (blocking store calls
+release the GIL), so all ranks share this machine's cores; a turn's body is ``time.sleep(T)``. Ranks connect, then are
+released at once; ``wall_s`` runs until the last rank left the stage. ``--fail-rank X``: X raises ``ValueError`` at
+the start of its turn; ``all_raised_s`` runs until the last other rank raised. Prints a JSON object; exits 1 if a rank
+hung or raised unexpectedly (or another rank's error did not name X).
 
     python benchmarks/scale.py --ranks 1024 --ranks-per-node 8 --k 1 [--fail-rank 259] [--json out.json]
 """
@@ -22,6 +21,8 @@ if __name__ == "__main__":  # before torch loads: c10d warns once per client whe
 
 import argparse
 import datetime
+import functools
+import gc
 import json
 import logging
 import math
@@ -44,9 +45,9 @@ from serialized_restore._placement import RankPlacement
 from serialized_restore._turns import TurnSchedule
 
 HOST, STAGE, GO_KEY, TIMEOUT = "127.0.0.1", "restore modules and callbacks", "scale/go", datetime.timedelta(seconds=60)
-QUIET = logging.getLogger("serialized_restore.scale")  # the ranks' per-turn INFO lines are dropped
-QUIET.setLevel(logging.WARNING)
+QUIET = logging.Logger("serialized_restore.scale", logging.WARNING)  # the ranks' per-turn INFO lines are dropped
 SCHEDULE: dict[str, Any] = {"checkpoint_path": "/sim/ckpt", "turn_timeout": 60.0, "logger": QUIET}
+_client = functools.partial(dist.TCPStore, HOST, timeout=TIMEOUT, wait_for_workers=False, use_libuv=True)  # (port)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Config:
     k: int
     turn_s: float = 0.1
     fail_rank: Optional[int] = None
-    procs: int = 0  # 0: one worker process per 256 ranks, at most 8
+    procs: int = 0  # 0: one worker process per 128 ranks, at most 8
     deadline_s: float = 30.0  # a rank not done this long after the release counts as hung
 
 
@@ -66,7 +67,7 @@ class _CountingStore(dist.Store):
     def __init__(self, inner: dist.TCPStore, counts: dict[str, int]) -> None:
         super().__init__()
         self.inner, self.counts = inner, counts
-        dist.Store.set_timeout(self, inner.timeout)
+        dist.Store.set_timeout(self, inner.timeout)  # type: ignore[attr-defined]
 
     def _call(self, name: str, *args: Any) -> Any:
         self.counts[name] = self.counts.get(name, 0) + 1
@@ -76,8 +77,8 @@ class _CountingStore(dist.Store):
         self._call("set", key, value)
 
     def get(self, key: str) -> bytes:
-        if self.timeout != self.inner.timeout:
-            self.inner.set_timeout(self.timeout)
+        if self.timeout != self.inner.timeout:  # type: ignore[attr-defined]
+            self.inner.set_timeout(self.timeout)  # type: ignore[attr-defined]
         return self._call("get", key)
 
     def add(self, key: str, value: int) -> int:
@@ -94,13 +95,8 @@ class _CountingStore(dist.Store):
         self.inner.set_timeout(timeout)
 
 
-def _client(port: int) -> dist.TCPStore:
-    return dist.TCPStore(HOST, port, None, False, timeout=TIMEOUT, wait_for_workers=False, use_libuv=True)
-
-
-def _rank(g: int, cfg: Config, port: int, ready: threading.Barrier, go: threading.Event, out: dict) -> None:
+def _rank(g: int, cfg: Config, port: int, ready: threading.Barrier, go: threading.Event, out: dict[int, Any]) -> None:
     """(one rank's thread) connect, build the schedule, wait for the release, run the stage; record what happened."""
-    rec: dict[str, Any] = {}
     counts: dict[str, int] = {}
     try:
         place = RankPlacement(g, cfg.ranks, *divmod(g, cfg.ranks_per_node), cfg.ranks_per_node)
@@ -112,7 +108,7 @@ def _rank(g: int, cfg: Config, port: int, ready: threading.Barrier, go: threadin
     finally:
         ready.wait()
     go.wait()
-    rec["released"], cpu = time.monotonic(), time.thread_time()
+    rec: dict[str, Any] = {"released": time.monotonic(), "cpu": time.thread_time()}
     try:
         with sched.turn(STAGE):
             rec["start"] = time.monotonic()
@@ -126,19 +122,20 @@ def _rank(g: int, cfg: Config, port: int, ready: threading.Barrier, go: threadin
     except BaseException as err:
         own = g == cfg.fail_rank and isinstance(err, ValueError) and "simulated failure" in str(err)
         rec.update(outcome="own" if own else "unexpected", message=repr(err)[:200])
-    rec.update(left=time.monotonic(), cpu=time.thread_time() - cpu, ops=sum(counts.values()), by_kind=counts)
+    rec.update(left=time.monotonic(), cpu=time.thread_time() - rec["cpu"], ops=sum(counts.values()), by_kind=counts)
     out[g] = rec
 
 
 def _worker(conn: Connection, block: range, cfg: Config) -> None:
     """(a forked worker) one thread per rank of ``block``; reports when all connected, then every rank's record."""
-    port = conn.recv()
-    ready, go, out = threading.Barrier(len(block) + 1), threading.Event(), {}
+    gc.freeze()  # what it inherits: never walked by a collection (a pause of all its ranks, and copy-on-write)
+    control = _client(conn.recv())
+    ready, go = threading.Barrier(len(block) + 1), threading.Event()
+    out: dict[int, dict[str, Any]] = {}
     threading.stack_size(1 << 20)
     for g in block:
-        threading.Thread(target=_rank, args=(g, cfg, port, ready, go, out), daemon=True).start()
+        threading.Thread(target=_rank, args=(g, cfg, control.port, ready, go, out), daemon=True).start()
     ready.wait()
-    control = _client(port)
     conn.send("connected")
     control.get(GO_KEY)  # the release: one blocking get per worker, then one event for its threads
     cpu, deadline = time.process_time(), time.monotonic() + cfg.deadline_s
@@ -149,51 +146,55 @@ def _worker(conn: Connection, block: range, cfg: Config) -> None:
     os._exit(0)
 
 
+def _machine_cpu() -> tuple[float, float]:
+    f = [int(v) / os.sysconf("SC_CLK_TCK") for v in Path("/proc/stat").read_text().split()[1:9]]
+    return f[0] + f[1] + f[2], f[7]  # since boot, all processes: CPU seconds in user and system mode; stolen
+
+
 def run(cfg: Config) -> dict[str, Any]:
     """Run one stage of ``cfg.ranks`` simulated ranks on one real store; the summary."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # the server's end of every client (a worker: fewer)
-    if soft < cfg.ranks + 256 <= hard or (soft < cfg.ranks + 256 and hard == resource.RLIM_INFINITY):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (cfg.ranks + 256, hard))
+    want = cfg.ranks + 256 if hard == resource.RLIM_INFINITY else min(cfg.ranks + 256, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
     ctx = multiprocessing.get_context("fork")  # forked before the server exists: no store thread is copied
-    size = math.ceil(cfg.ranks / (cfg.procs or max(1, min(8, math.ceil(cfg.ranks / 256)))))
+    size = math.ceil(cfg.ranks / (cfg.procs or max(1, min(8, math.ceil(cfg.ranks / 128)))))
     blocks = [range(s, min(s + size, cfg.ranks)) for s in range(0, cfg.ranks, size)]
     pipes = [ctx.Pipe() for _ in blocks]
     workers = [ctx.Process(target=_worker, args=(p[1], b, cfg), daemon=True) for p, b in zip(pipes, blocks)]
     for proc in workers:
         proc.start()
     server = dist.TCPStore(HOST, 0, None, True, timeout=TIMEOUT, wait_for_workers=False, use_libuv=True)
-    began, records, client_cpu, lost = time.monotonic(), {}, 0.0, []
+    began, records, client_cpu = time.monotonic(), {}, 0.0
     try:
         for pipe, _ in pipes:
             pipe.send(server.port)
         for pipe, _ in pipes:
             if not pipe.poll(120) or pipe.recv() != "connected":
                 raise RuntimeError("a worker did not connect its ranks within 120 s")
-        connect_s, load = time.monotonic() - began, round(os.getloadavg()[0], 2)
+        connect_s, machine = time.monotonic() - began, _machine_cpu()
         server_cpu, t0 = time.process_time(), time.monotonic()
         server.set(GO_KEY, "1")
-        for block, (pipe, _) in zip(blocks, pipes):
-            if pipe.poll(cfg.deadline_s + 30):
+        for pipe, _ in pipes:
+            if pipe.poll(cfg.deadline_s + 30):  # else its ranks count as hung
                 report = pipe.recv()
                 records.update(report["records"])
                 client_cpu += report["cpu_s"]
-            else:
-                lost.append(f"the worker of ranks {block.start}..{block.stop - 1} sent nothing")
         server_cpu = time.process_time() - server_cpu
+        busy, stolen = (b - a for a, b in zip(machine, _machine_cpu()))
     finally:
         for proc in workers:
             proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-    sim = {"procs": len(blocks), "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "load_1min": load}
-    cpu = {"connect_s": round(connect_s, 3), "client_cpu_s": round(client_cpu, 2), "server_cpu_s": round(server_cpu, 2)}
-    return _summary(cfg, records, t0, lost) | sim | cpu
+            proc.kill()  # a no-op once it exited
+    sim = {"procs": len(blocks), "fd_limit": max(soft, want), "connect_s": round(connect_s, 2)}
+    cpu = {"client_cpu_s": round(client_cpu, 2), "server_cpu_s": round(server_cpu, 2), "stolen_cpu_s": round(stolen, 2)}
+    cpu["other_cpu_s"] = round(busy - client_cpu - server_cpu, 2)  # other work on this machine during the stage
+    return _summary(cfg, records, t0) | sim | cpu
 
 
-def _summary(cfg: Config, records: dict[int, dict[str, Any]], t0: float, lost: list[str]) -> dict[str, Any]:
+def _summary(cfg: Config, records: dict[int, dict[str, Any]], t0: float) -> dict[str, Any]:
     done, lws, k, x = [r for r in records.values() if "left" in r], cfg.ranks_per_node, cfg.k, cfg.fail_rank
     bad = {"unexpected"} if x is not None else {"unexpected", "restore_error"}
-    errors = lost + [f"rank {g}: {r['message']}" for g, r in sorted(records.items()) if r["outcome"] in bad]
+    errors = [f"rank {g}: {r['message']}" for g, r in sorted(records.items()) if r["outcome"] in bad]
     ops, by_kind = [r["ops"] for r in done], sum((Counter(r["by_kind"]) for r in done), Counter())
     ends = {g: r["end"] for g, r in records.items() if "end" in r}
     gaps = [r["start"] - ends[g - k] for g, r in records.items() if g % lws >= k and g - k in ends and "start" in r]
@@ -234,16 +235,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--k", type=int, default=1, help="turns at a time per node (max_concurrent)")
     parser.add_argument("--fail-rank", type=int, default=None, help="raises ValueError at the start of its turn")
     parser.add_argument("--turn-s", type=float, default=0.1, help="each turn's body: a sleep of this many seconds")
-    parser.add_argument("--procs", type=int, default=0, help="worker processes (default: one per 256 ranks, <= 8)")
-    parser.add_argument("--deadline-s", type=float, default=30.0, help="a rank not done by then counts as hung")
+    parser.add_argument("--procs", type=int, default=0, help="worker processes (default: one per 128 ranks, <= 8)")
     parser.add_argument("--json", default=None, help="also write the JSON object to this file")
     a = parser.parse_args(argv)
-    result = run(Config(a.ranks, a.ranks_per_node, a.k, a.turn_s, a.fail_rank, a.procs, a.deadline_s))
+    result = run(Config(a.ranks, a.ranks_per_node, a.k, a.turn_s, a.fail_rank, a.procs))
     print(text := json.dumps(result, indent=1))
     if a.json:
         Path(a.json).write_text(text + "\n")
-    failed = a.fail_rank is not None and not result["all_name_fail_rank"]
-    return 1 if result["hung"] or result["errors"]["count"] or failed else 0
+    return int(bool(result["hung"] or result["errors"]["count"] or result.get("all_name_fail_rank") is False))
 
 
 if __name__ == "__main__":

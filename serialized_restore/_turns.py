@@ -96,7 +96,7 @@ class TurnSchedule:
         """(all ranks) Run the ``with`` block as this rank's turn of ``stage``; ``ordered=False``: every rank at once.
         ``logged`` (default: ``ordered``): the rank logs its turn's start and end."""
         p, record = self.placement, TurnRecord(stage=stage)
-        logged = ordered if logged is None else logged
+        logged = (ordered if logged is None else logged) and self.log.isEnabledFor(logging.INFO)
         keys = _Stage(self._prefix, stage, p, self.max_concurrent if ordered else p.local_world_size)
         arrived = time.monotonic()
         if self._store is not None:
@@ -106,7 +106,7 @@ class TurnSchedule:
         if logged:
             waited = f"after waiting {record.waited:.2f}s" if ordered else "with the node's other ranks at once"
             self.log.info(f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started {waited}")
-        started, memory_before = time.monotonic(), private_memory()
+        started, memory_before = time.monotonic(), private_memory() if logged else 0
         with contextlib.suppress(Exception):  # no stderr file descriptor: no stack, as without faulthandler
             # the stack of a rank stuck in its turn, printed by that rank when its timers give up on it
             faulthandler.dump_traceback_later(self.turn_timeout, exit=False)
