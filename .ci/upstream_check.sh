@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# CI step: the upstream series (upstream/series/*.patch) is what upstream/prs/ generates, applies to Lightning's master
-# snapshot in order, and passes Lightning's own lint and each pull request's tests there.
+# CI step: the upstream series (upstream/series/*.patch, the source of truth) applies to Lightning's master snapshot in
+# order, and passes Lightning's own lint and each pull request's tests there.
 #
-# 1. upstream/make_patch.py --check against the snapshot (../shared/upstream/lightning-master-*.tar.gz, or
+# 1. upstream/series.py check against the snapshot (../shared/upstream/lightning-master-*.tar.gz, or
 #    $LIGHTNING_MASTER_SNAPSHOT).
 # 2. A throwaway venv: torch 2.13.0 (CPU), the snapshot installed editable as Lightning's CI does, the pytest and
 #    pytest-timeout pins of master's requirements/pytorch/test.txt (all that tests/tests_pytorch's conftest and the
@@ -39,8 +39,8 @@ export LIGHTNING_MASTER_SNAPSHOT
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/upstream-check.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
-step "upstream/series is what upstream/make_patch.py generates from upstream/prs ($LIGHTNING_MASTER_SNAPSHOT)"
-"$PYTHON" upstream/make_patch.py --check || fail "upstream/series is stale: run python upstream/make_patch.py"
+step "upstream/series applies in order, each patch as upstream/series.py refresh writes it ($LIGHTNING_MASTER_SNAPSHOT)"
+"$PYTHON" upstream/series.py check || fail "upstream/series: see above (upstream/series.py apply, edit, refresh)"
 mapfile -t SERIES < <(ls upstream/series/*.patch | sort)
 [ "${#SERIES[@]}" -gt 0 ] || fail "upstream/series holds no patch"
 
