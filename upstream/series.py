@@ -6,7 +6,8 @@ repository with one commit per applied pull request (the commit's subject is the
     python upstream/series.py apply DIR [--upto N]   # snapshot -> DIR, then PRs 01..N (default: all), one commit each
     python upstream/series.py refresh DIR            # write the top PR's patch from DIR's working tree (like
                                                      #   `quilt refresh`): all changes since the PR below it
-    python upstream/series.py push DIR               # apply the next PR on top (3-way on a conflict), then refresh it
+    python upstream/series.py push DIR               # apply the next PR on top (hunks that do not apply: .rej
+                                                     #   files to merge by hand, then refresh), then refresh it
     python upstream/series.py check                  # each patch applies in order, in the form `refresh` writes
 
 To change PR 02 of four: ``apply DIR --upto 2``, edit files in DIR, ``refresh DIR``, then ``push DIR`` twice (each push
@@ -101,11 +102,16 @@ def push(tree: Path, series: Path = SERIES) -> str:
         raise SeriesError(f"{tree} has changes that are not refreshed into {done[-1] if done else 'a patch'}")
     try:
         _git(tree, "apply", "--index", str(patch))
-    except SeriesError as err:
+    except SeriesError:
         try:
-            _git(tree, "apply", "--3way", str(patch))
-        except SeriesError:
-            raise SeriesError(f"{patch.name} does not apply; resolve the conflicts in {tree}, then refresh") from err
+            # the hunks that apply are applied, the others written to `<file>.rej`
+            _git(tree, "apply", "--reject", str(patch))
+        except SeriesError as err:
+            _commit(tree, patch.stem)
+            rejected = sorted(str(p.relative_to(tree)) for p in tree.rglob("*.rej"))
+            raise SeriesError(
+                f"{patch.name} applied in part: merge {', '.join(rejected)} by hand, delete them, then refresh"
+            ) from err
     _commit(tree, patch.stem)
     return patch.stem
 
@@ -115,6 +121,9 @@ def diff_of_top(tree: Path) -> tuple[str, str]:
     done = applied(tree)
     if not done:
         raise SeriesError(f"no patch is applied in {tree}")
+    rejected = sorted(str(p.relative_to(tree)) for p in tree.rglob("*.rej"))
+    if rejected:
+        raise SeriesError(f"merge and delete the rejected hunks first: {', '.join(rejected)}")
     _git(tree, "add", "--all")
     return done[-1], _git(tree, *DIFF, "--cached", "HEAD~1")
 
