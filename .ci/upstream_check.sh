@@ -64,7 +64,7 @@ quiet_pip torch==2.13.0 -r "$WORK/test-pins.txt" -r upstream/lint-requirements.t
   || fail "could not install the master snapshot"
 
 # the test files a patch adds or changes under tests/tests_pytorch/, relative to tests/ (where Lightning runs pytest)
-tests_of() { sed -n 's|^+++ b/tests/\(tests_pytorch/.*\.py\)$|\1|p' "$@" | sort -u; }
+tests_of() { sed -n 's|^+++ b/tests/\(tests_\(pytorch\|fabric\)/.*\.py\)$|\1|p' "$@" | sort -u; }
 run_tests() {
   local tree="$1" name="$2"
   shift 2
