@@ -46,7 +46,9 @@ def find_snapshot() -> Path:
         return Path(os.environ[SNAPSHOT_ENV])
     found = sorted((UPSTREAM.parent.parent / "shared" / "upstream").glob("lightning-master-*.tar.gz"))
     if len(found) != 1:
-        raise SeriesError(f"found {len(found)} ../shared/upstream/lightning-master-*.tar.gz, not one: set ${SNAPSHOT_ENV}")
+        raise SeriesError(
+            f"found {len(found)} ../shared/upstream/lightning-master-*.tar.gz, not one: set ${SNAPSHOT_ENV}"
+        )
     return found[0]
 
 
