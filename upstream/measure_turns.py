@@ -89,7 +89,7 @@ def job(spec: dict[str, Any]) -> None:
             with open(spec["markers"], "a") as markers:
                 markers.write(f"{event} {time.monotonic()}\n")
 
-        def setup(self, *_: Any) -> None:
+        def setup(self, *_: Any, **__: Any) -> None:
             self._mark("start")
 
         def on_train_start(self, *_: Any) -> None:
