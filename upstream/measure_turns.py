@@ -11,10 +11,21 @@ anonymous memory. A job with a checkpoint is compared with the same job without 
   after the restore; its baseline (no checkpoint, ``max_steps=0``) holds no optimizer state, so the figure is given
   net of the optimizer state the job keeps in any case (N copies under DDP, one in N shards under FSDP).
 
-Which Lightning runs is chosen by ``PYTHONPATH``: ``--master`` and ``--patched`` name two ``src/`` folders (the
-pristine snapshot and the snapshot with the series applied). Small sizes only: this is meant for a shared machine.
+Beside the memory, each job reports the restore's wall time: from the first rank's ``setup`` hook to the last rank's
+``on_train_start`` / ``on_validation_start`` (the restore and the strategy's setup; the same for every variant).
 
-    python upstream/measure_turns.py --master M/src --patched P/src --python VENV/bin/python --sizes 8 40 --devices 2 4
+Which Lightning runs is chosen by ``PYTHONPATH``: ``--master`` and ``--patched`` name two ``src/`` folders (the
+pristine snapshot and the snapshot with the series applied, ``upstream/series.py apply``). ``--variants`` are the
+patched runs: ``turns`` (``serialized_checkpoint_loading=True``), ``mmap`` (``TorchCheckpointIO(mmap=True)``, PR 01),
+``mmap+turns``, ``plain`` (no flag: PR 04 under FSDP). ``--legacy`` saves the checkpoint in torch's legacy (non-zip)
+format, which cannot be memory-mapped (PR 01 falls back to reading it into memory): the case PR 03 is for. Small sizes
+only: this is meant for a shared machine.
+
+    python upstream/measure_turns.py --master M/src --patched P/src --sizes 8 --devices 2 4 --variants turns mmap
+    python upstream/measure_turns.py --master M/src --patched P/src --sizes 8 --devices 2 4 --legacy \
+        --variants mmap mmap+turns
+    python upstream/measure_turns.py --master M/src --patched P/src --sizes 8 --devices 2 4 --fns fit \
+        --strategy fsdp --variants plain
 """
 
 from __future__ import annotations
@@ -69,7 +80,24 @@ def _strategy(kind: str) -> Any:
 
 def job(spec: dict[str, Any]) -> None:
     """One measured run (rank 0 of a DDP job; Lightning's launcher re-runs this command for the other ranks)."""
-    from lightning.pytorch import Trainer
+    from lightning.pytorch import Callback, Trainer
+
+    class Marker(Callback):
+        """Appends ``<event> <monotonic time>`` to the job's marker file: the restore's window."""
+
+        def _mark(self, event: str) -> None:
+            with open(spec["markers"], "a") as markers:
+                markers.write(f"{event} {time.monotonic()}\n")
+
+        def setup(self, *_: Any, **__: Any) -> None:
+            self._mark("start")
+
+        def on_train_start(self, *_: Any) -> None:
+            self._mark("end")
+
+        def on_validation_start(self, trainer: Any, *_: Any) -> None:
+            if not trainer.training:
+                self._mark("end")
 
     kwargs: dict[str, Any] = dict(
         accelerator="cpu",
@@ -83,19 +111,28 @@ def job(spec: dict[str, Any]) -> None:
         limit_val_batches=1,
         max_steps=spec["steps"] if spec["ckpt"] else 0,
     )
-    if spec["turns"]:
-        kwargs["serialized_checkpoint_loading"] = spec["turns"]
+    if "turns" in spec["variant"]:
+        kwargs["serialized_checkpoint_loading"] = True
+    if "mmap" in spec["variant"]:
+        from lightning.pytorch.plugins import TorchCheckpointIO
+
+        kwargs["plugins"] = [TorchCheckpointIO(mmap=True)]  # type: ignore[call-arg]  # PR 01's argument
+    kwargs["callbacks"] = [Marker()]
     trainer = Trainer(**kwargs)
     getattr(trainer, spec["fn"])(_model(spec["layers"]), ckpt_path=spec["ckpt"])
 
 
-def prepare(layers: int, path: Path) -> None:
-    """Writes a checkpoint of the model after two steps of Adam, with Lightning's single-device Trainer."""
+def prepare(layers: int, path: Path, legacy: bool = False) -> None:
+    """Writes a checkpoint of the model after two steps of Adam, with Lightning's single-device Trainer (``legacy``:
+    re-saved in torch's legacy non-zip format)."""
+    import torch
     from lightning.pytorch import Trainer
 
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False)
     trainer.fit(_model(layers))
     trainer.save_checkpoint(path)
+    if legacy:
+        torch.save(torch.load(path, weights_only=False), path, _use_new_zipfile_serialization=False)
 
 
 def _rss_anon(pid: int) -> int:
@@ -113,6 +150,8 @@ def measure(python: str, src: str, spec: dict[str, Any], timeout: float = 600.0)
     """Runs one job and samples its process tree; returns its node peak anonymous memory and wall time."""
     import psutil
 
+    markers = Path(tempfile.mkstemp(prefix="markers-")[1])
+    spec = dict(spec, markers=str(markers))
     env = dict(os.environ, PYTHONPATH=src, OMP_NUM_THREADS="1")
     start = time.monotonic()
     # the ranks run at a lower priority than this sampler, so that it does not miss a short peak of a busy node
@@ -147,7 +186,14 @@ def measure(python: str, src: str, spec: dict[str, Any], timeout: float = 600.0)
             proc.kill()
     if proc.wait() != 0:
         raise RuntimeError(f"job {spec} failed with exit code {proc.returncode}")
-    return {"peak": peak, "seconds": time.monotonic() - start}
+    marks: dict[str, list[float]] = {"start": [], "end": []}
+    for line in markers.read_text().split("\n"):
+        if line:
+            event, at = line.split()
+            marks[event].append(float(at))
+    markers.unlink()
+    restore = max(marks["end"]) - min(marks["start"]) if marks["start"] and marks["end"] else None
+    return {"peak": peak, "seconds": time.monotonic() - start, "restore_seconds": restore}
 
 
 def main() -> None:
@@ -160,7 +206,8 @@ def main() -> None:
     parser.add_argument("--devices", type=int, nargs="+", default=[2, 4], help="local ranks (N)")
     parser.add_argument("--fns", nargs="+", default=["validate", "fit"])
     parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp")
-    parser.add_argument("--turns", type=int, default=1, help="k of the patched runs (0: the patched default)")
+    parser.add_argument("--variants", nargs="+", default=["turns"], choices=["turns", "mmap", "mmap+turns", "plain"])
+    parser.add_argument("--legacy", action="store_true", help="save the checkpoint in torch's legacy non-zip format")
     parser.add_argument("--out", type=Path, help="write the raw results here as JSON")
     args = parser.parse_args()
     if args.job:
@@ -174,42 +221,44 @@ def main() -> None:
             ckpt = Path(tmp, f"{size}M.ckpt")
             env = dict(os.environ, PYTHONPATH=args.master)
             code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import measure_turns as m;"
-            code += f" m.prepare({layers}, {str(ckpt)!r})"
+            code += f" m.prepare({layers}, {str(ckpt)!r}, {args.legacy})"
             subprocess.run([args.python, "-c", code], env=env, check=True, stdout=subprocess.DEVNULL)
             ckpt_mib = ckpt.stat().st_size / MIB
             params = layers * (HIDDEN * HIDDEN + HIDDEN)
             weights_mib = params * 4 / MIB
             for devices in args.devices:
                 for fn in args.fns:
-                    base = dict(layers=layers, devices=devices, fn=fn, steps=2, strategy=args.strategy, turns=0)
+                    base = dict(layers=layers, devices=devices, fn=fn, steps=2, strategy=args.strategy, variant="")
                     runs = {
                         "baseline": (args.master, dict(base, ckpt=None)),
                         "master": (args.master, dict(base, ckpt=str(ckpt))),
-                        "patched": (args.patched, dict(base, ckpt=str(ckpt), turns=args.turns)),
                     }
+                    runs.update({v: (args.patched, dict(base, ckpt=str(ckpt), variant=v)) for v in args.variants})
                     row: dict[str, Any] = dict(
                         size_m=size, params=params, ckpt_mib=ckpt_mib, devices=devices, fn=fn, strategy=args.strategy
                     )
+                    row["legacy_format"] = args.legacy
                     for name, (src, spec) in runs.items():
                         row[name] = measure(args.python, src, spec)
                     # what the job keeps in any case after `fit`: the optimizer state (Adam: 2 x weights), whole on
                     # each DDP rank, one shard per FSDP rank
                     kept = (devices if args.strategy == "ddp" else 1) * 2 * weights_mib if fn == "fit" else 0.0
-                    for name in ("master", "patched"):
-                        above = (row[name]["peak"] - row["baseline"]["peak"]) / MIB - kept
-                        row[f"{name}_mib"] = above
-                        row[f"{name}_x_s"] = above / ckpt_mib
+                    row["kept_mib"] = kept
+                    line = f"{size}M (S={ckpt_mib:.0f} MiB) N={devices} {fn:8s} {args.strategy}:"
+                    for name in runs:
+                        if name == "baseline":
+                            continue
+                        raw = (row[name]["peak"] - row["baseline"]["peak"]) / MIB
+                        # raw: the peak above the baseline's; net: less what the job keeps anyway (below zero: the
+                        # job's own later peak hides the restore, a timing artifact, not a saving)
+                        row[name].update(raw_mib=raw, raw_x_s=raw / ckpt_mib, net_mib=raw - kept)
+                        row[name]["net_x_s"] = (raw - kept) / ckpt_mib
+                        line += f" {name} raw {raw / ckpt_mib:.2f} net {(raw - kept) / ckpt_mib:.2f} x S"
+                        line += f" restore {row[name]['restore_seconds']:.1f} s;"
                     results.append(row)
-                    print(
-                        f"{size}M (S={ckpt_mib:.0f} MiB) N={devices} {fn:8s} {args.strategy}:"
-                        f" master {row['master_mib']:7.0f} MiB ({row['master_x_s']:.2f} x S),"
-                        f" patched {row['patched_mib']:7.0f} MiB ({row['patched_x_s']:.2f} x S);"
-                        f" wall s: baseline {row['baseline']['seconds']:.1f}, master {row['master']['seconds']:.1f},"
-                        f" patched {row['patched']['seconds']:.1f}",
-                        flush=True,
-                    )
+                    print(line, flush=True)
     if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+        args.out.write_text(json.dumps({"command": sys.argv[1:], "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
