@@ -35,14 +35,15 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 # BENCH_JOB_PROFILE=<directory>: every rank (or those in BENCH_JOB_PROFILE_RANKS, comma-separated local ranks)
-# profiles itself with cProfile from here, before the heavy imports, to its exit: <directory>/rank<local rank>.prof
+# profiles itself with cProfile, in CPU time (a rank waiting for another costs nothing; other load on the machine
+# barely shows), from here, before the heavy imports, to its exit: <directory>/rank<local rank>.prof
 _PROFILE_DIR = os.environ.get("BENCH_JOB_PROFILE")
 _PROFILE_RANKS = os.environ.get("BENCH_JOB_PROFILE_RANKS", "")
 if _PROFILE_DIR and (not _PROFILE_RANKS or os.environ.get("LOCAL_RANK", "0") in _PROFILE_RANKS.split(",")):
     import atexit
     import cProfile
 
-    _PROFILER = cProfile.Profile()
+    _PROFILER = cProfile.Profile(time.process_time)
 
     def _dump_profile() -> None:
         _PROFILER.disable()
@@ -441,15 +442,15 @@ class PhaseMarks(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # after the process group exists, before the first restore stage
-        _mark(self.out, trainer.global_rank, "setup")
+        _mark(self.out, trainer.global_rank, "setup", cpu=time.process_time())
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # after the first restore stage and DDP's setup, before the second stage
-        _mark(self.out, trainer.global_rank, "fit_start")
+        _mark(self.out, trainer.global_rank, "fit_start", cpu=time.process_time())
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # after the second stage, the (skipped) fit loop and the Trainer's teardown
-        _mark(self.out, trainer.global_rank, "fit_end")
+        _mark(self.out, trainer.global_rank, "fit_end", cpu=time.process_time())
 
 
 def resume_whole(config: dict[str, Any]) -> None:
@@ -467,18 +468,21 @@ def resume_whole(config: dict[str, Any]) -> None:
     def at_exit() -> None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         _mark(
-            out, rank, "exit", cpu_user=usage.ru_utime, cpu_sys=usage.ru_stime, minflt=usage.ru_minflt,
-            majflt=usage.ru_majflt, maxrss_kib=usage.ru_maxrss, script_started=_SCRIPT_STARTED,
+            out, rank, "exit", cpu=usage.ru_utime + usage.ru_stime, cpu_user=usage.ru_utime, cpu_sys=usage.ru_stime,
+            minflt=usage.ru_minflt, majflt=usage.ru_majflt, maxrss_kib=usage.ru_maxrss, script_started=_SCRIPT_STARTED,
+            modules=len(sys.modules), lightning_imported="lightning" in sys.modules,
+            jsonargparse_imported="jsonargparse" in sys.modules,
         )  # fmt: skip
 
     # registered first, so it runs last of the handlers registered in this process
     atexit.register(at_exit)
-    _mark(out, rank, "imported", script_started=_SCRIPT_STARTED)
+    _mark(out, rank, "imported", script_started=_SCRIPT_STARTED, cpu=time.process_time())
     torch.manual_seed(0)
     model = BenchMLP(config["width"], config["depth"], zero_init=True)
     trainer = _trainer(config, max_steps=config["global_step"], callbacks=[PhaseMarks(out)])
-    trainer.fit(model, train_dataloaders=_data(config["width"], 8 * config["devices"], 4), ckpt_path=config["ckpt_path"])
-    _mark(out, trainer.global_rank, "returned")
+    data = _data(config["width"], 8 * config["devices"], 4)
+    trainer.fit(model, train_dataloaders=data, ckpt_path=config["ckpt_path"])
+    _mark(out, trainer.global_rank, "returned", cpu=time.process_time())
 
 
 def fabric_restore(config: dict[str, Any]) -> None:

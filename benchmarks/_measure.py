@@ -30,6 +30,7 @@ The restore window comes from the ranks' own markers (see ``_job.py``): from the
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import os
 import platform
@@ -412,12 +413,16 @@ def run_job(
 
 WHOLE_MODES = ("upstream", "ours-true")  # the restore-only jobs timed as whole processes, alternating
 CHILD_SCAN_INTERVAL = 0.5  # how often the parent looks for the ranks the launcher starts, until it has seen them all
+EXIT_POLL_INTERVAL = 0.005
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass
 class WholeProcessRun:
-    """One restore-only job (``_job.resume_whole``) timed as a whole: from the start of its first process to the exit
-    of its last one. CPU seconds and page faults per rank are the ranks' own (``getrusage`` at interpreter exit)."""
+    """One restore-only job (``_job.resume_whole``) timed as a whole: from starting its first process to the exit of
+    its last one. While it runs this process is a child subreaper, so that the ranks Lightning's launcher started
+    become its children when rank 0 exits, and each rank's resources come from ``wait4`` when it is reaped: CPU time
+    and page faults to the very end, the interpreter's shutdown included."""
 
     mode: str
     devices: int
@@ -426,23 +431,47 @@ class WholeProcessRun:
     rank0_seconds: float
     """Wall time from starting the job to the exit of global rank 0 (the process a shell would wait for)."""
     cpu_seconds: list[float]
-    """User + system CPU seconds of each rank, by global rank."""
+    """User + system CPU seconds of each rank (by global rank), to its exit."""
+    cpu_sys_seconds: list[float]
+    """The system part of ``cpu_seconds``."""
+    cpu_phases: dict[str, list[float]]
+    """Each rank's CPU seconds at each marker (as ``phases``; ``gone``: to its exit)."""
     minor_faults: list[int]
     phases: dict[str, list[float]]
     """Seconds from the job's start to each marker (``imported``, ``setup``, ``fit_start``, ``fit_end``,
-    ``returned``, ``exit``), by global rank."""
+    ``returned``, ``exit``) and to each rank's exit (``gone``), by global rank."""
     other_cpu_seconds: float
+    """CPU time the rest of the machine used while the job ran."""
     run_dir: str
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def _child_subreaper(on: bool) -> bool:
+    """Make this process adopt orphaned descendants (Linux ``prctl``); whether that took effect."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def measure_whole_process(
-    *, mode: str, devices: int, checkpoint: CheckpointInfo, run_dir: Path, timeout: float, env: Optional[dict] = None
+    *,
+    mode: str,
+    devices: int,
+    checkpoint: CheckpointInfo,
+    run_dir: Path,
+    timeout: float,
+    env: Optional[dict[str, str]] = None,
 ) -> WholeProcessRun:
-    """Run one restore-only job of ``mode`` (``max_steps`` = the checkpoint's step: Lightning restores and returns)
-    and time it from process start to the exit of its last rank; no memory sampler runs."""
+    """Run one restore-only job of ``mode`` (``max_steps`` = the checkpoint's step: Lightning restores, skips the fit
+    loop and returns) and time it from process start to the exit of its last rank. No memory sampler runs; the
+    parent looks for the ranks every ``CHILD_SCAN_INTERVAL`` until it has seen them all, and otherwise only polls
+    for exits."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*run_dir.glob("rank*.error.txt"), run_dir / "markers.jsonl"]:
         stale.unlink(missing_ok=True)
@@ -458,79 +487,107 @@ def measure_whole_process(
         "ckpt_path": str(checkpoint.path),
     }
     own = {k: v for k, v in os.environ.items() if not k.startswith("SERIALIZED_RESTORE_")}
-    full_env = job_env(
-        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONWARNINGS": "ignore",
-         **MODES.get(mode, {}), **(env or {})},
-        base=own,
-    )  # fmt: skip
+    extra = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONWARNINGS": "ignore"}
+    full_env = job_env({**extra, **MODES.get(mode, {}), **(env or {})}, base=own)
     for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE"):
         full_env.pop(key, None)
     busy_before, own_before = system_busy_seconds(), _own_cpu_seconds()
-    with open(run_dir / "job.log", "w") as log:
-        wall_started, started = time.time(), time.monotonic()
-        proc = start_job(JOB, config, cwd=run_dir, env=full_env, stdout=log)
-        ranks: dict[int, psutil.Process] = {}
-        try:
-            deadline = started + timeout
-            # the launcher's children, found while rank 0 lives (they may outlive it): a scan every
-            # CHILD_SCAN_INTERVAL until all N - 1 are seen, then none
-            while proc.poll() is None and time.monotonic() < deadline:
-                if len(ranks) < devices - 1:
-                    try:
-                        for child in psutil.Process(proc.pid).children(recursive=True):
-                            ranks.setdefault(child.pid, child)
-                    except psutil.NoSuchProcess:
-                        pass
-                    wait = CHILD_SCAN_INTERVAL
-                else:
-                    wait = deadline - time.monotonic()
-                try:
-                    proc.wait(timeout=max(0.001, wait))
-                except subprocess.TimeoutExpired:
-                    pass
-            rank0_seconds = time.monotonic() - started
-            returncode = proc.poll()
-            # a child is gone when reaped, or a zombie nobody reaped yet: it has exited either way
-            alive = list(ranks.values())
-            while alive and time.monotonic() < deadline:
-                alive = [p for p in alive if _running(p)]
-                if alive:
-                    time.sleep(0.002)
-            seconds = time.monotonic() - started
-            if returncode is None or alive:
-                returncode = -9
-        finally:
-            kill_job(proc)
+    adopted = _child_subreaper(True)
+    gone_at: dict[int, float] = {}  # pid -> seconds from the start to its exit (as seen here)
+    rusage_of: dict[int, Any] = {}  # pid -> its resource usage, where it was reaped here
+    known: set[int] = set()
+    returncode: Optional[int] = None
+    try:
+        with open(run_dir / "job.log", "w") as log:
+            wall_started, started = time.time(), time.monotonic()
+            proc = start_job(JOB, config, cwd=run_dir, env=full_env, stdout=log)
+            deadline, scanned = started + timeout, -CHILD_SCAN_INTERVAL
+            try:
+                while time.monotonic() < deadline:
+                    now = time.monotonic()
+                    rank0_gone = proc.pid in gone_at
+                    if not rank0_gone and len(known) < devices - 1 and now - scanned >= CHILD_SCAN_INTERVAL:
+                        scanned = now
+                        with contextlib.suppress(psutil.NoSuchProcess):
+                            known.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
+                    for pid in [proc.pid, *known]:
+                        if pid in gone_at:
+                            continue
+                        try:
+                            reaped, status, rusage = os.wait4(pid, os.WNOHANG)
+                        except ChildProcessError:
+                            # not a child of this process: rank 0 still lives (then it is rank 0's), or it was
+                            # reaped elsewhere, or this process could not become a subreaper
+                            if rank0_gone and not _exists(pid):
+                                gone_at[pid] = time.monotonic() - started
+                            continue
+                        if reaped:
+                            gone_at[pid], rusage_of[pid] = time.monotonic() - started, rusage
+                            if pid == proc.pid:
+                                returncode = proc.returncode = os.waitstatus_to_exitcode(status)
+                    if proc.pid in gone_at and known <= gone_at.keys():
+                        break
+                    time.sleep(EXIT_POLL_INTERVAL)
+            finally:
+                kill_job(proc)
+    finally:
+        if adopted:
+            _child_subreaper(False)
+            for pid in known - gone_at.keys():  # killed stragglers, adopted: leave no zombie behind
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+    timed_out = proc.pid not in gone_at or not known <= gone_at.keys()
     other = system_busy_seconds() - busy_before - (_own_cpu_seconds() - own_before)
-    markers = [json.loads(line) for line in (run_dir / "markers.jsonl").read_text().splitlines() if line.strip()]
+    markers_file = run_dir / "markers.jsonl"
+    lines = markers_file.read_text().splitlines() if markers_file.exists() else []
+    markers = [json.loads(line) for line in lines if line.strip()]
     exits = {m["rank"]: m for m in markers if m["event"] == "exit"}
-    if returncode != 0 or len(exits) != devices:
+    if timed_out or returncode != 0 or len(exits) != devices:
         errors = "".join(p.read_text() for p in sorted(run_dir.glob("rank*.error.txt")))
         tail = (errors + "\n" + (run_dir / "job.log").read_text(errors="replace"))[-4000:]
-        why = f"timed out after {timeout:.0f}s" if returncode == -9 else f"exited with {returncode}"
-        raise JobFailed(f"whole-process job in {run_dir} {why}, {len(exits)} of {devices} ranks exited:\n{tail}")
+        why = f"timed out after {timeout:.0f}s" if timed_out else f"exited with {returncode}"
+        raise JobFailed(f"whole-process job in {run_dir} {why}; {len(exits)} of {devices} ranks exited:\n{tail}")
     phases: dict[str, list[float]] = {}
     for event in ("imported", "setup", "fit_start", "fit_end", "returned", "exit"):
         by_rank = {m["rank"]: m["t"] - wall_started for m in markers if m["event"] == event}
         if by_rank:
-            phases[event] = [round(by_rank[r], 4) for r in sorted(by_rank)]
-    cpu_seconds = sum(exits[r]["cpu_user"] + exits[r]["cpu_sys"] for r in exits)
+            phases[event] = [round(by_rank[r], 3) for r in sorted(by_rank)]
+    # each rank's own figures where it was reaped here (all of them, as a subreaper), else its atexit figures
+    pid_of = {rank: m["pid"] for rank, m in exits.items()}
+    at_exit = {rank: m["cpu_user"] + m["cpu_sys"] for rank, m in exits.items()}
+    cpu, cpu_sys, faults, gone = [], [], [], []
+    for rank in sorted(exits):
+        rusage = rusage_of.get(pid_of[rank])
+        cpu.append(round(rusage.ru_utime + rusage.ru_stime if rusage else at_exit[rank], 3))
+        cpu_sys.append(round(rusage.ru_stime if rusage else exits[rank]["cpu_sys"], 3))
+        faults.append(rusage.ru_minflt if rusage else exits[rank]["minflt"])
+        gone.append(round(gone_at.get(pid_of[rank], phases["exit"][rank]), 3))
+    phases["gone"] = gone
+    cpu_phases: dict[str, list[float]] = {}
+    for event in phases:
+        by_rank = {m["rank"]: m["cpu"] for m in markers if m["event"] == event and "cpu" in m}
+        if len(by_rank) == devices:
+            cpu_phases[event] = [round(by_rank[r], 3) for r in sorted(by_rank)]
+    cpu_phases["gone"] = cpu
     return WholeProcessRun(
         mode=mode,
         devices=devices,
-        seconds=seconds,
-        rank0_seconds=rank0_seconds,
-        cpu_seconds=[round(exits[r]["cpu_user"] + exits[r]["cpu_sys"], 3) for r in sorted(exits)],
-        minor_faults=[exits[r]["minflt"] for r in sorted(exits)],
+        seconds=max(gone_at.values()),
+        rank0_seconds=gone_at[proc.pid],
+        cpu_seconds=cpu,
+        cpu_sys_seconds=cpu_sys,
+        cpu_phases=cpu_phases,
+        minor_faults=faults,
         phases=phases,
-        other_cpu_seconds=max(0.0, other - cpu_seconds),
+        other_cpu_seconds=max(0.0, other - sum(cpu)),
         run_dir=str(run_dir),
     )
 
 
-def _running(process: psutil.Process) -> bool:
+def _exists(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has exited)."""
     try:
-        return process.status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 

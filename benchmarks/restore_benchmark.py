@@ -9,10 +9,15 @@ same program holds anyway. See ``docs/benchmarks.md`` for the definitions and th
     python benchmarks/restore_benchmark.py            # full run (8M, 40M, 126M parameters, ~15 min): docs/benchmarks.md
     python benchmarks/restore_benchmark.py --quick    # smoke run (~8M parameters, N = 1, 2): bench_output/quick/
     python benchmarks/restore_benchmark.py --dry-run  # the jobs a run would measure
+    python benchmarks/restore_benchmark.py --whole-only  # only the whole-process times (~5 min): bench_output/whole/
 
 Every mode runs where ``DEFAULT_PLAN`` says: the headline modes at every size (N = 2 and 4, and N = 1 at the
 largest), the anchors and variants at the largest only; each target is checked at every size it was measured at and
 the worst case is the figure it reports. ``--modes`` / ``--devices`` / ``--params`` choose other cells.
+
+After the memory jobs of each size, restore-only jobs of ``upstream`` and ``ours-true`` (``max_steps`` = the
+checkpoint's step: Lightning restores, skips the fit loop and returns) alternate and are timed as whole processes, from
+the start of the first process to the exit of the last rank (``WHOLE_PLAN``, ``--whole-repeats``).
 
 Exits non-zero if any restore is not bit-for-bit exact or any job fails.
 """
@@ -89,6 +94,15 @@ MODE_MIN_DEVICES = {
 }  # fmt: skip
 REPEATS = 1
 JOB_TIMEOUT = 600.0
+# whole-process times (restore only, alternating upstream and ours-true): at which N, as (N at the largest size, N at
+# every smaller size) in the default run, and how many jobs of each mode per cell (the median is reported). Every N
+# the memory part runs at the largest size, and N = 4, the issue's case and the largest ratio of ranks to cores, at the
+# smaller ones: each N = 4 cell costs about 1.5 minutes on 2 cores, every cell at every size would add 9 minutes.
+WHOLE_PLAN: tuple[tuple[int, ...], tuple[int, ...]] = ((1, 2, 4), (4,))
+WHOLE_REPEATS = 3
+QUICK_WHOLE_REPEATS = 1
+WHOLE_MODES = _measure.WHOLE_MODES
+TARGET_WHOLE_TIME = 1.0  # x upstream's whole-process time, every size and N measured
 
 QUICK_PARAMS = 8_000_000  # S ~ 92 MiB: big enough that the restores show above a few MiB of fixed costs
 QUICK_DEVICES = (1, 2)
@@ -163,6 +177,18 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         + ", ".join(f"{k} only from N={v}" for k, v in MODE_MIN_DEVICES.items())
         + ")",
     )
+    parser.add_argument(
+        "--whole-repeats",
+        type=int,
+        help=f"whole-process jobs of each of {', '.join(WHOLE_MODES)} per cell, alternating (default {WHOLE_REPEATS};"
+        f" with --quick {QUICK_WHOLE_REPEATS}; 0: none)",
+    )
+    parser.add_argument(
+        "--whole-only",
+        action="store_true",
+        help="run only the whole-process jobs (no memory jobs): results.json and report.md in bench_output/whole"
+        " (with --docs, the whole-process section of docs/benchmarks.md is replaced in place)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the jobs of the run and exit")
     parser.add_argument(
         "--output-dir",
@@ -194,9 +220,14 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown mode or entry point: {', '.join(unknown)}")
     # absolute: each job runs in a directory of its own and is given paths under this one
-    args.output_dir = (args.output_dir or DEFAULT_OUTPUT / ("quick" if args.quick else "full")).resolve()
+    if args.whole_repeats is None:
+        args.whole_repeats = QUICK_WHOLE_REPEATS if args.quick else WHOLE_REPEATS
+    if args.whole_only and args.whole_repeats < 1:
+        parser.error("--whole-only needs --whole-repeats of at least 1")
+    kind = "quick" if args.quick else "whole" if args.whole_only else "full"
+    args.output_dir = (args.output_dir or DEFAULT_OUTPUT / kind).resolve()
     args.docs_given = args.docs is not None
-    args.docs = (not args.quick) if args.docs is None else args.docs
+    args.docs = (not args.quick and not args.whole_only) if args.docs is None else args.docs
     args.warm_up_job = not args.quick
     return args
 
@@ -230,7 +261,9 @@ def size_plan(args: argparse.Namespace, params: int) -> dict[str, tuple[int, ...
 
 def plan(args: argparse.Namespace, params: Optional[int] = None) -> list[tuple[int, str, str, int]]:
     """Every measured job at one size as (N, entry point, mode, repeat): per (N, entry) the baseline first, then each
-    mode."""
+    mode. None with --whole-only."""
+    if args.whole_only:
+        return []
     where = size_plan(args, max(args.params) if params is None else params)
     jobs = []
     for devices in sorted({n for ns in where.values() for n in ns}):
@@ -245,6 +278,29 @@ def plan(args: argparse.Namespace, params: Optional[int] = None) -> list[tuple[i
                     for mode in [baseline, *family[shift:], *family[:shift]]:
                         jobs.append((devices, entry, mode, repeat))
     return jobs
+
+
+def whole_devices(args: argparse.Namespace, params: int) -> tuple[int, ...]:
+    """The N at which whole-process jobs run at one size: ``WHOLE_PLAN`` in the default run; otherwise every N at
+    which both of ``WHOLE_MODES`` are measured (with --whole-only, every N given)."""
+    if args.whole_repeats < 1:
+        return ()
+    if args.default_plan:
+        return WHOLE_PLAN[0 if params == max(args.params) else 1]
+    if args.whole_only:
+        return tuple(sorted(args.devices))
+    where = size_plan(args, params)
+    return tuple(n for n in sorted(args.devices) if all(n in where.get(mode, ()) for mode in WHOLE_MODES))
+
+
+def whole_plan(args: argparse.Namespace, params: int) -> list[tuple[int, str, int]]:
+    """The whole-process jobs at one size as (N, mode, repeat): per N, the modes alternating, ``upstream`` first."""
+    return [
+        (devices, mode, repeat)
+        for devices in whole_devices(args, params)
+        for repeat in range(args.whole_repeats)
+        for mode in WHOLE_MODES
+    ]
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
@@ -273,6 +329,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     }
     for size in sizes:
         size["cells"] = summarize(size)
+        size["whole_cells"] = summarize_whole(size)
     return results
 
 
@@ -290,7 +347,11 @@ def _run_size(args: argparse.Namespace, params: int, runs_dir: Path, warmed_up: 
     # warm-up: the checkpoint into the page cache; then (full run) one unmeasured job, so that the first measured
     # job finds Python's and torch's files in the page cache too
     _measure.warm_page_cache(checkpoint.path)
-    if args.warm_up_job and not warmed_up:
+    if args.warm_up_job and not warmed_up and args.whole_only:
+        _measure.measure_whole_process(
+            mode="upstream", devices=1, checkpoint=checkpoint, run_dir=out / "runs" / "warm-up", timeout=args.timeout
+        )
+    elif args.warm_up_job and not warmed_up:
         _measure.measure_restore(
             mode="baseline", entry="fit", devices=1, checkpoint=checkpoint, run_dir=out / "runs" / "warm-up",
             timeout=args.timeout,
@@ -323,7 +384,9 @@ def _run_size(args: argparse.Namespace, params: int, runs_dir: Path, warmed_up: 
             flush=True,
         )
         (runs_dir / "results.partial.json").write_text(json.dumps(runs, indent=1))
-    where = size_plan(args, params)
+    whole, whole_failures = _run_whole(args, params, checkpoint, runs_dir, label)
+    failures += whole_failures
+    where = {} if args.whole_only else size_plan(args, params)
     return {
         "checkpoint": {
             "path": _rel(checkpoint.path),
@@ -339,14 +402,47 @@ def _run_size(args: argparse.Namespace, params: int, runs_dir: Path, warmed_up: 
             "modes": list(where),
             "mode_devices": {m: list(ns) for m, ns in where.items()},
             "repeats": args.repeats,
+            "whole_devices": list(whole_devices(args, params)),
+            "whole_repeats": args.whole_repeats,
+            "whole_only": args.whole_only,
             "fast_interval_s": _measure.FAST_INTERVAL,
             "smaps_duty": _measure.SMAPS_DUTY,
             "quick": args.quick,
         },
         "runs": runs,
+        "whole": whole,
         "failures": failures,
         "wall_seconds": time.monotonic() - started,
     }
+
+
+def _run_whole(
+    args: argparse.Namespace, params: int, checkpoint: _measure.CheckpointInfo, runs_dir: Path, label: str
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The whole-process jobs of one size (``whole_plan``): their records and failures."""
+    jobs = whole_plan(args, params)
+    records: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for i, (devices, mode, repeat) in enumerate(jobs, 1):
+        run_dir = runs_dir / f"whole-n{devices}-{mode}-r{repeat}"
+        try:
+            run = _measure.measure_whole_process(
+                mode=mode, devices=devices, checkpoint=checkpoint, run_dir=run_dir, timeout=args.timeout
+            )
+        except JobFailed as err:
+            failures.append(f"whole process N={devices} {mode}: {err}")
+            print(f"{label}[whole {i}/{len(jobs)}] N={devices} {mode:16s} FAILED\n{err}", flush=True)
+            continue
+        records.append({**run.as_dict(), "repeat": repeat, "run_dir": _rel(run_dir)})
+        per_rank = ", ".join(f"{c:.2f}" for c in run.cpu_seconds)
+        print(
+            f"{label}[whole {i}/{len(jobs)}] N={devices} {mode:16s} whole process {run.seconds:6.2f}s"
+            f" (rank 0 {run.rank0_seconds:6.2f}s)  CPU {sum(run.cpu_seconds):6.2f}s ({per_rank})"
+            f"  other load {run.other_cpu_seconds / run.seconds:.2f}",
+            flush=True,
+        )
+        (runs_dir / "whole.partial.json").write_text(json.dumps(records, indent=1))
+    return records, failures
 
 
 def size_views(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -443,13 +539,41 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
     return cells
 
 
+def summarize_whole(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One cell per N of the whole-process jobs at one size: per mode the median wall time (start of the first
+    process to the exit of the last rank), of rank 0's, and of the CPU time of all ranks together; and the ratios of
+    ``ours-true``'s medians to ``upstream``'s."""
+    runs = results.get("whole") or []
+    cells = []
+    for devices in sorted({r["devices"] for r in runs}):
+        cell: dict[str, Any] = {"devices": devices}
+        for mode in WHOLE_MODES:
+            mine = [r for r in runs if r["devices"] == devices and r["mode"] == mode]
+            cell[mode] = {
+                "repeats": len(mine),
+                "seconds": statistics.median(r["seconds"] for r in mine) if mine else None,
+                "all_seconds": [round(r["seconds"], 3) for r in mine],
+                "rank0_seconds": statistics.median(r["rank0_seconds"] for r in mine) if mine else None,
+                "cpu_seconds": statistics.median(sum(r["cpu_seconds"]) for r in mine) if mine else None,
+                "other_cpu_share": statistics.median(r["other_cpu_seconds"] / r["seconds"] for r in mine)
+                if mine
+                else None,
+            }
+        ours, theirs = (cell[mode] for mode in WHOLE_MODES[::-1])
+        for key in ("seconds", "cpu_seconds"):
+            known = ours[key] is not None and theirs[key]
+            cell[f"{key}_ratio"] = ours[key] / theirs[key] if known else None
+        cells.append(cell)
+    return cells
+
+
 Target = tuple[str, str, Optional[bool], Optional[float]]
 
 
 def check_targets(results: dict[str, Any]) -> list[Target]:
     """(target, measured, met, figure) for each figure the benchmark is meant to show, at one checkpoint size
     (``results`` is one of ``size_views``); figure: the worst case in x S (or, for times, the ratio), else None."""
-    cells = results["cells"]
+    cells = results.get("cells") or []
     size = results["checkpoint"]["size_bytes"]
     find = {(c["devices"], c["entry"], c["mode"]): c for c in cells}
     devices = sorted({c["devices"] for c in cells})
@@ -524,6 +648,18 @@ def check_targets(results: dict[str, Any]) -> list[Target]:
                     (f"{mode} restore time <= {'' if bound == 1.0 else f'{bound} x '}{upstream}'s at N={top}, {entry}",
                      measured, cell["time_ratio"] <= bound, cell["time_ratio"])
                 )  # fmt: skip
+    whole = [c for c in results.get("whole_cells") or [] if c["seconds_ratio"] is not None]
+    if whole:
+        worst = max(c["seconds_ratio"] for c in whole)
+        measured = ", ".join(
+            f"N={c['devices']}: {c['ours-true']['seconds']:.2f}s vs {c['upstream']['seconds']:.2f}s ="
+            f" {c['seconds_ratio']:.2f} x (CPU {c['cpu_seconds_ratio']:.2f} x)"
+            for c in whole
+        )
+        rows.append(
+            (f"ours-true whole-process restore time <= {TARGET_WHOLE_TIME:g} x upstream's at every N (restore only,"
+             " process start to exit)", measured, worst <= TARGET_WHOLE_TIME, worst)
+        )  # fmt: skip
     true_fit, auto_fit = find.get((top, "fit", "ours-true")), find.get((top, "fit", "ours-auto"))
     if true_fit is not None and auto_fit is not None:
         ratio = true_fit["window"] / auto_fit["window"]
@@ -752,7 +888,7 @@ def _auto_k(cell: Optional[dict[str, Any]]) -> str:
 
 
 # sections of docs/benchmarks.md written by other benchmarks, kept as they are when this one rewrites the page
-KEPT_SECTIONS = ("## Coordination at scale",)
+KEPT_SECTIONS = ("## Coordination at scale", "## The turns at scale")
 
 
 def _kept_sections(page: Path) -> str:
@@ -1012,6 +1148,7 @@ def report(all_results: dict[str, Any], image_dir: str) -> str:
             if any(find.get((n, e, mode)) for e in cfg["entries"]):
                 lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    lines += _whole_section(views)
     lines += _fsdp_section(results, image_dir)
     for family in FAMILY_SECTIONS:
         lines += _family_section(results, *family)
@@ -1079,6 +1216,93 @@ def report(all_results: dict[str, Any], image_dir: str) -> str:
     if results["failures"]:
         lines += ["## Failed jobs", "", *[f"- {f.splitlines()[0]}" for f in results["failures"]], ""]
     return "\n".join(lines)
+
+
+WHOLE_HEADING = "## Whole process, restore only"
+
+
+def _whole_section(views: list[dict[str, Any]]) -> list[str]:
+    """The whole-process times of every size and N measured: one table, and what was run."""
+    measured = [(v, c) for v in views for c in v.get("whole_cells") or []]
+    if not measured:
+        return []
+    repeats = sorted({v["config"].get("whole_repeats", 0) for v, _ in measured})
+    lines = [
+        WHOLE_HEADING,
+        "",
+        "Restore-only jobs timed as whole processes, as a user sees a resume: `trainer.fit(model, ckpt_path=...)` with"
+        " `max_steps` equal to the checkpoint's step, so that Lightning restores (both stages), skips the fit loop,"
+        " tears down and returns, and the script ends as any script does. Each job is timed from the start of its"
+        " first process to the exit of its last rank: Python's and Lightning's imports, the launcher starting the"
+        " other ranks, DDP's setup, the restore, the teardown and the interpreter's shutdown. No memory sampler runs."
+        f" Jobs of `upstream` and `ours-true` alternate, {'/'.join(map(str, repeats))} of each per cell; the medians"
+        " are shown, and every job's time. *CPU*: user + system time of all ranks together, up to their exit"
+        " (from `wait4`: the benchmark adopts the ranks as a child subreaper), the figure to compare when the"
+        " machine is shared. Most of a job is fixed costs (imports, start-up, shutdown: seconds per rank) that do"
+        " not depend on the checkpoint; with more ranks than cores the job is CPU-bound, so CPU that a mode adds in"
+        " any rank shows in the wall time.",
+        "",
+        "| model, S | N | upstream (s) | ours-true (s) | ours / upstream | CPU upstream (s) | CPU ours-true (s)"
+        " | CPU ours / upstream | each job, upstream; ours-true (s) | other load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for view, cell in measured:
+        ck = view["checkpoint"]
+        up, ours = cell["upstream"], cell["ours-true"]
+
+        def num(value: Optional[float], digits: int = 2) -> str:
+            return "–" if value is None else f"{value:.{digits}f}"
+
+        ratio = f"**{cell['seconds_ratio']:.2f}**" if cell["seconds_ratio"] is not None else "–"
+        each = "; ".join(", ".join(f"{t:.1f}" for t in c["all_seconds"]) or "–" for c in (up, ours))
+        loads = [c["other_cpu_share"] for c in (up, ours) if c["other_cpu_share"] is not None]
+        lines.append(
+            f"| {ck['params'] / 1e6:.0f}M, {ck['size_bytes'] / GIB:.2f} GiB | {cell['devices']} | {num(up['seconds'])}"
+            f" | {num(ours['seconds'])} | {ratio} | {num(up['cpu_seconds'])} | {num(ours['cpu_seconds'])}"
+            f" | {num(cell['cpu_seconds_ratio'])} | {each} | {num(max(loads) if loads else None)} |"
+        )
+    lines += [
+        "",
+        "*Other load*: cores' worth of CPU that other processes on the machine used while a job ran (the larger of"
+        " the two modes' medians).",
+        "",
+    ]
+    return lines
+
+
+def report_whole(all_results: dict[str, Any]) -> str:
+    """The page of a --whole-only run: what was run, and the whole-process section with its target."""
+    views = size_views(all_results)
+    m = all_results["machine"]
+    lines = [
+        "# Benchmark: whole-process time of a restore-only resume",
+        "",
+        f"- Command: `{all_results['command']}` ({all_results['date']},"
+        f" {all_results['wall_seconds'] / 60:.1f} minutes in all)",
+        f"- Versions: torch {m['torch']}, pytorch-lightning {m['pytorch-lightning']}, lightning {m['lightning']},"
+        f" Python {m['python']}; `serialized_restore` at {all_results['package']}",
+        f"- Machine: {m['cores']} cores ({m['cpu']}), {m['ram_gib']:.1f} GiB RAM, Linux {m['kernel']}",
+        "",
+        *_whole_section(views),
+    ]
+    for target, measured, ok, worst in check_targets_by_size(views):
+        lines.append(f"- target {'met' if ok else '**missed**'}: {target}: {_figure(target, worst)} ({measured})")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def replace_section(page: str, heading: str, section: list[str]) -> str:
+    """``page`` with the section under ``heading`` (up to the next ``## `` heading) replaced by ``section``; where
+    the page has no such section, it goes before ``## FSDP, full checkpoint`` (or at the end)."""
+    text = "\n".join(section)
+    start = page.find(f"\n{heading}\n")
+    if start >= 0:
+        end = page.find("\n## ", start + 1)
+        return page[: start + 1] + text + (page[end:] if end >= 0 else "\n")
+    anchor = page.find("\n## FSDP, full checkpoint\n")
+    if anchor < 0:
+        return page.rstrip("\n") + "\n\n" + text + "\n"
+    return page[: anchor + 1] + text + page[anchor:]
 
 
 def _where_text(cfg: dict[str, Any]) -> str:
@@ -1289,25 +1513,31 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.dry_run:
         total = 0
         for params in args.params:
-            jobs = plan(args, params)
-            total += len(jobs)
-            print(f"{params:,} parameters: {len(jobs)} jobs")
+            jobs, whole = plan(args, params), whole_plan(args, params)
+            total += len(jobs) + len(whole)
+            print(f"{params:,} parameters: {len(jobs)} jobs, {len(whole)} whole-process jobs")
             for devices, entry, mode, repeat in jobs:
                 print(f"  N={devices} {entry:8s} {mode} (repeat {repeat})")
+            for devices, mode, repeat in whole:
+                print(f"  N={devices} whole    {mode} (restore only, repeat {repeat})")
         print(f"{total} jobs in all")
         return 0
     if args.from_results:
         results = json.loads(args.from_results.read_text())
         for view in results.get("sizes", [results]):
             view["cells"] = summarize(view)
+            view["whole_cells"] = summarize_whole(view)
         args.quick = results["quick"] if "sizes" in results else results["config"]["quick"]
-        args.docs = args.docs if args.docs_given else not args.quick
+        args.whole_only = all(v["config"].get("whole_only") for v in results.get("sizes", [results]))
+        args.docs = args.docs if args.docs_given else not (args.quick or args.whole_only)
         out = args.output_dir if "--output-dir" in (argv or sys.argv) else args.from_results.parent
     else:
         results = run_all(args)
         out = args.output_dir
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
+    if args.whole_only:
+        return _finish_whole_only(args, results, out)
     images = plot(results, out)
     (out / "report.md").write_text(report(results, "."))
     written = [out / "results.json", out / "report.md", *images]
@@ -1317,11 +1547,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         page.write_text(report(results, "img") + _kept_sections(page))
         written += [DOCS / "benchmarks.md", *docs_images]
     print("\nwrote " + ", ".join(_rel(p) for p in written))
-    for target, measured, ok, worst in [] if args.quick else check_targets_by_size(size_views(results)):
-        print(
-            f"  target {'met   ' if ok else 'MISSED' if ok is False else '  –   '} {target}: {_figure(target, worst)}"
-            f" ({measured})"
-        )
+    _print_targets([] if args.quick else check_targets_by_size(size_views(results)))
+    _print_whole(results)
     print(f"total {results['wall_seconds'] / 60:.1f} minutes")
     inexact = [
         (view["checkpoint"]["params"], r)
@@ -1335,6 +1562,46 @@ def main(argv: Optional[list[str]] = None) -> int:
     for failure in results["failures"]:
         print(f"ERROR: job failed: {failure.splitlines()[0]}", file=sys.stderr)
     return 1 if inexact or results["failures"] else 0
+
+
+def _print_targets(targets: list[Target]) -> None:
+    for target, measured, ok, worst in targets:
+        print(
+            f"  target {'met   ' if ok else 'MISSED' if ok is False else '  –   '} {target}: {_figure(target, worst)}"
+            f" ({measured})"
+        )
+
+
+def _print_whole(results: dict[str, Any]) -> None:
+    """The whole-process medians, one line per size and N."""
+    for view in size_views(results):
+        for cell in view.get("whole_cells") or []:
+            up, ours = cell["upstream"], cell["ours-true"]
+            if cell["seconds_ratio"] is None:
+                continue
+            print(
+                f"  whole process, {view['checkpoint']['params'] / 1e6:.0f}M N={cell['devices']}: ours-true"
+                f" {ours['seconds']:.2f}s vs upstream {up['seconds']:.2f}s = {cell['seconds_ratio']:.3f} x"
+                f" (CPU {ours['cpu_seconds']:.2f}s vs {up['cpu_seconds']:.2f}s = {cell['cpu_seconds_ratio']:.3f} x)"
+            )
+
+
+def _finish_whole_only(args: argparse.Namespace, results: dict[str, Any], out: Path) -> int:
+    """(--whole-only) report.md, and with --docs the whole-process section of docs/benchmarks.md; the exit code."""
+    (out / "report.md").write_text(report_whole(results))
+    written = [out / "results.json", out / "report.md"]
+    if args.docs:
+        page = DOCS / "benchmarks.md"
+        section = _whole_section(size_views(results))
+        page.write_text(replace_section(page.read_text() if page.exists() else "", WHOLE_HEADING, section))
+        written.append(page)
+    print("\nwrote " + ", ".join(_rel(p) for p in written))
+    _print_targets(check_targets_by_size(size_views(results)))
+    _print_whole(results)
+    print(f"total {results['wall_seconds'] / 60:.1f} minutes")
+    for failure in results["failures"]:
+        print(f"ERROR: job failed: {failure.splitlines()[0]}", file=sys.stderr)
+    return 1 if results["failures"] else 0
 
 
 if __name__ == "__main__":
