@@ -149,7 +149,9 @@ def test_option_on_and_off_observably_equal_upstream(tmp_path: Path, inputs: dic
                 assert got_on["state"] == want["state"], where
             if want["error"] is None:
                 assert got_on["error"] is None, (where, got_on["error"])
-            elif devices == 1 or case.get("before_restore"):
+            elif devices == 1 or case.get("before_restore") or key[1] == 0:
+                # one process, an error before the restore, or the rank that failed (rank 0, first in its turn): the
+                # exception is upstream's own
                 assert got_on["error"]["mro"] == want["error"]["mro"], where
                 assert got_on["error"]["message"] == want["error"]["message"], where
             else:
@@ -176,17 +178,20 @@ def test_option_on_and_off_observably_equal_upstream(tmp_path: Path, inputs: dic
 
 
 def test_a_users_error_on_one_rank_is_caught_as_its_type_on_every_rank(tmp_path: Path, inputs: dict[str, str]) -> None:
-    """The user's own exception class, raised on rank 1 only, is what every rank can catch."""
+    """The user's own exception class, raised on rank 1 only, is what every rank can catch: rank 1 raises it as it is,
+    rank 0 an error derived from it naming rank 1."""
     cases = [{"name": "users_error_on_rank_1", "fault": {"rank": 1}, "calls": [["validate", inputs["good"], {}]]}]
     on = _run(tmp_path, "on", 2, cases, trainer="ours", serialized=True)["users_error_on_rank_1"]
     assert sorted(on) == [(0, 0), (0, 1)]
     for (_, rank), record in on.items():
         error = record["error"]
+        assert "__main__:ParityError" in error["mro"], rank
+        assert "the user's hook refused the checkpoint on rank 1" in error["message"], rank
+        if rank == 1:
+            assert error["mro"][0] == "__main__:ParityError" and error["cause"] is None, error
+            continue
         assert error["mro"][:2] == ["serialized_restore._errors:CheckpointRestoreError[ParityError]"] + [
             "serialized_restore._errors:CheckpointRestoreError"
         ], (rank, error["mro"])
-        assert "__main__:ParityError" in error["mro"], rank
         assert "failed on rank(s) 1 in stage 'restore modules and callbacks'" in error["message"], rank
-        assert "the user's hook refused the checkpoint on rank 1" in error["message"], rank
-        # the original exception is the cause where it happened
-        assert error["cause"] == ("ParityError" if rank == 1 else None), rank
+        assert error["cause"] is None, rank

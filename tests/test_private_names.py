@@ -43,7 +43,10 @@ CONNECTOR_METHODS = [
     ("restore_training_state", []),
     ("resume_end", []),
 ]
-FLAVOURS = {"unified": ("lightning.pytorch", "lightning.fabric"), "standalone": ("pytorch_lightning", "lightning_fabric")}
+FLAVOURS = {
+    "unified": ("lightning.pytorch", "lightning.fabric"),
+    "standalone": ("pytorch_lightning", "lightning_fabric"),
+}
 
 
 @pytest.mark.parametrize("flavour", sorted(FLAVOURS))
