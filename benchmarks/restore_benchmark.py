@@ -282,7 +282,7 @@ def plan(args: argparse.Namespace, params: Optional[int] = None) -> list[tuple[i
 
 def whole_devices(args: argparse.Namespace, params: int) -> tuple[int, ...]:
     """The N at which whole-process jobs run at one size: ``WHOLE_PLAN`` in the default run; otherwise every N at
-    which both of ``WHOLE_MODES`` are measured (with --whole-only, every N given)."""
+    which both of ``WHOLE_MODES`` are measured (with --whole-only, every N given), with --quick the largest only."""
     if args.whole_repeats < 1:
         return ()
     if args.default_plan:
@@ -290,7 +290,8 @@ def whole_devices(args: argparse.Namespace, params: int) -> tuple[int, ...]:
     if args.whole_only:
         return tuple(sorted(args.devices))
     where = size_plan(args, params)
-    return tuple(n for n in sorted(args.devices) if all(n in where.get(mode, ()) for mode in WHOLE_MODES))
+    devices = tuple(n for n in sorted(args.devices) if all(n in where.get(mode, ()) for mode in WHOLE_MODES))
+    return devices[-1:] if args.quick else devices
 
 
 def whole_plan(args: argparse.Namespace, params: int) -> list[tuple[int, str, int]]:
@@ -308,6 +309,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     out: Path = args.output_dir
     out.mkdir(parents=True, exist_ok=True)
+    # every rank then reads the package's bytecode, as from an installed package, whatever PYTHONDONTWRITEBYTECODE says
+    _measure.compile_checkout()
     sizes: list[dict[str, Any]] = []
     failures: list[str] = []
     warmed_up = False
