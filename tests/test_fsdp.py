@@ -109,6 +109,9 @@ def test_rank_zero_failing_to_prepare_optimizer_state_fails_all(tmp_path: Path, 
     assert result.returncode != 0
     assert sorted(result.errors) == [0, 1], result.output[-4000:]
     for rank, error in result.errors.items():
+        if rank == 0:  # it failed: its own exception, as upstream's
+            assert error["type"] == "IndexError" and "list index out of range" in error["message"], error
+            continue
         assert error["type"].startswith("CheckpointRestoreError["), (rank, error)
         assert "failed on rank(s) 0 in stage 'prepare optimizer state for FSDP'" in error["message"], error
         assert "IndexError: list index out of range" in error["message"]
