@@ -32,7 +32,7 @@ def checkpoint_kind(strategy: Any, path: Any) -> tuple[str | None, str]:
     if flavour_of(strategy).import_("strategies.fsdp", "_is_sharded_checkpoint", fabric=True)(Path(local)):
         return SHARDED, ""
     reason = path_unmappable_reason(local)
-    return (FULL, "") if reason is None else (None, reason)
+    return (FULL, "") if reason is None else (None, reason or f"{path!r} is not a checkpoint file")
 
 
 def upstream_reason(kind: str | None, why: str, verb: str) -> str:

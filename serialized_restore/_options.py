@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
 import os
@@ -55,11 +56,8 @@ class SerializedLoading:
             )
         if self.reader not in READERS:
             raise ValueError(f"`SerializedLoading(reader={self.reader!r})`: expected one of {', '.join(READERS)}.")
-        for name in ("turn_timeout", "heartbeat_timeout"):
-            value = getattr(self, name)
-            if name == "heartbeat_timeout" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        for name in ("turn_timeout", "heartbeat_timeout")[: 1 if self.heartbeat_timeout is None else 2]:
+            if isinstance(value := getattr(self, name), bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"`SerializedLoading({name}={value!r})`: expected a positive number of seconds.")
         if self.heartbeat_timeout is not None:
             warnings.warn(
@@ -137,28 +135,25 @@ def options_from(value: object, owner: str = "Trainer") -> SerializedLoading | N
     return settings_of(value, owner, **overrides)
 
 
+_EXPECTED = {
+    "reader": f"one of {', '.join(READERS)}",
+    "available_memory": "a number of bytes (>= 0), e.g. 17179869184",
+    "turn_timeout": "a positive number of seconds, e.g. 600",
+}
+
+
 def _parse(name: str, field: str, raw: str) -> Any:
     """The value of the variable ``name`` for ``field``; a ``ValueError`` quoting it and what is expected."""
     if field == "tmpdir":
         return raw
     if field == "reader":
-        if (reader := raw.lower()) not in READERS:
-            raise ValueError(f"`{name}={reader!r}` is not supported. Accepted values: {', '.join(READERS)}.")
-        return reader
-    if field == "available_memory":
-        try:
-            count = int(float(raw))
-        except ValueError as err:
-            raise ValueError(f"`{name}={raw!r}` is not a number of bytes, e.g. 17179869184.") from err
-        if count < 0:
-            raise ValueError(f"`{name}={raw!r}` must not be negative.")
-        return count
-    try:
-        seconds = float(raw)
-    except ValueError as err:
-        raise ValueError(
-            f"`{name}={raw!r}` is not a number of seconds. Set it to a positive number, e.g. 600."
-        ) from err
-    if not seconds > 0:
-        raise ValueError(f"`{name}={raw!r}` must be a positive number of seconds, e.g. 600.")
-    return seconds
+        value: Any = raw.lower()
+        if value in READERS:
+            return value
+    with contextlib.suppress(ValueError):
+        if field == "available_memory" and (value := int(float(raw))) >= 0:
+            return value
+        if field.endswith("timeout") and (value := float(raw)) > 0:
+            return value
+    expected = _EXPECTED.get(field, _EXPECTED["turn_timeout"])
+    raise ValueError(f"`{name}={raw!r}` is not supported: expected {expected}.")

@@ -38,29 +38,23 @@ def local_path(path: Any) -> str | None:
     return os.fspath(path).removeprefix("file://")
 
 
-def _not_a_checkpoint(path: Any) -> bool:
-    """A local path with nothing there, or a file neither zip nor pickle: upstream's own error needs no reader line."""
-    local = local_path(path)
-    if local is None or not os.path.isfile(local):
-        return local is not None and not os.path.lexists(local)
-    try:
-        with open(local, "rb") as f:
-            return not f.read(4).startswith((_ZIP_MAGIC, b"\x80"))
-    except OSError:
-        return False
-
-
 def path_unmappable_reason(path: Any) -> str | None:
-    """Why ``path`` cannot be memory-mapped, or ``None`` if it can: it must be a local file in torch's zip format."""
+    """Why ``path`` cannot be memory-mapped, or ``None`` if it can: it must be a local file in torch's zip format.
+    ``""`` where no checkpoint is there (nothing, or a file neither zip nor pickle): upstream's own error says why."""
     local = local_path(path)
     if local is None:
         return f"{path!r} is not a local path"
     if not os.path.isfile(local):
-        return f"{path!r} is not a file"
-    with open(local, "rb") as f:
-        if f.read(4) != _ZIP_MAGIC:
-            return f"{path!r} is not in torch's zip format (saved with `_use_new_zipfile_serialization=False`?)"
-    return None
+        return f"{path!r} is not a file" if os.path.lexists(local) else ""
+    try:
+        with open(local, "rb") as f:
+            head = f.read(4)
+    except OSError as err:
+        return f"{path!r} cannot be read ({err.strerror})"
+    if head == _ZIP_MAGIC:
+        return None
+    legacy = f"{path!r} is not in torch's zip format (saved with `_use_new_zipfile_serialization=False`?)"
+    return legacy if head.startswith(b"\x80") else ""
 
 
 def load_mmap(path: Any, map_location: Any, weights_only: bool | None) -> Any:
@@ -93,7 +87,7 @@ class MmapCheckpointIOMixin:
         reason = path_unmappable_reason(path)
         if reason is None:
             return load_mmap(path, map_location, read_weights_only(flavour, weights_only))
-        if not _not_a_checkpoint(path):
+        if reason:
             info(f"MmapCheckpointIO: reading {path!r} eagerly instead of memory-mapped: {reason}.")
         kwargs = weights_only_kwargs(flavour, weights_only, fabric=True)
         return super().load_checkpoint(path, map_location=map_location, **kwargs)  # type: ignore[misc]
@@ -112,13 +106,13 @@ def _accept_in_every_imported_flavour(cls: type) -> None:
 def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, str | None]:
     """How a rank reads ``path``: ``("mmap", None)`` where ``requested`` allows it and the file can be mapped, else
     ``("eager", why)``; ``why`` is ``None`` when eager was requested or there is no checkpoint to read."""
-    if requested == "eager" or _not_a_checkpoint(path):
+    reason = path_unmappable_reason(path)
+    if requested == "eager" or reason == "":
         return "eager", None
     checkpoint_io = strategy.checkpoint_io
     stock = flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True)
     if type(checkpoint_io) is not stock and not isinstance(checkpoint_io, MmapCheckpointIOMixin):
         return "eager", f"the strategy's CheckpointIO is {type(checkpoint_io).__name__}, not TorchCheckpointIO"
-    reason = path_unmappable_reason(path)
     return ("mmap", None) if reason is None else ("eager", reason)
 
 

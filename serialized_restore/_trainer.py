@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import typing
 from typing import Any, Callable, ClassVar, Literal, Union
 
 from serialized_restore._compat import check_supported
 from serialized_restore._connector import _SerializedCheckpointConnectorMixin
-from serialized_restore._flavour import STANDALONE, UNIFIED, flavour_of
+from serialized_restore._flavour import flavour_of
 from serialized_restore._options import SerializedLoading, options_from
 
 try:  # LightningCLI's parser: with it, bad values are refused at parse time with a usage error
@@ -22,11 +21,6 @@ SerializedCheckpointLoading = Union[bool, PositiveInt, Literal["auto"], Serializ
 """The type of ``Trainer(serialized_checkpoint_loading=...)``."""
 
 _PARAMETER = "serialized_checkpoint_loading"
-_ENTRY_POINTS = ("fit", "validate", "test", "predict")
-_IMPORTS = {
-    UNIFIED: "from serialized_restore.lightning import Trainer",
-    STANDALONE: "from serialized_restore import Trainer",
-}
 
 
 class SerializedRestoreTrainerMixin:
@@ -58,8 +52,6 @@ class SerializedRestoreTrainerMixin:
         # the flavour's Trainer itself; its subclasses inherit the result
         if SerializedRestoreTrainerMixin in cls.__bases__:
             cls.__init__ = _with_upstream_signature(cls)  # type: ignore[method-assign, misc]
-            for name in _ENTRY_POINTS:
-                setattr(cls, name, _naming_the_import(getattr(cls, name)))
 
     def _run(self, *args: Any, **kwargs: Any) -> Any:
         connector = self._checkpoint_connector
@@ -82,28 +74,6 @@ class SerializedRestoreTrainerMixin:
     def serialized_checkpoint_loading(self) -> SerializedCheckpointLoading:
         """The value the Trainer was built with, as given."""
         return self._serialized_loading  # type: ignore[return-value]
-
-
-def _naming_the_import(entry_point: Callable[..., Any]) -> Callable[..., Any]:
-    """Upstream's ``fit`` (...), whose ``TypeError`` for a ``LightningModule`` of the other flavour names the import."""
-
-    @functools.wraps(entry_point)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return entry_point(self, *args, **kwargs)
-        except TypeError as err:
-            model = args[0] if args else kwargs.get("model")
-            ours, other = (UNIFIED, STANDALONE) if flavour_of(self) is UNIFIED else (STANDALONE, UNIFIED)
-            module_class = getattr(sys.modules.get(other.pytorch), "LightningModule", None)
-            if module_class is not None and isinstance(model, module_class) and "LightningModule" in str(err):
-                err.args = (
-                    f"{err} {type(model).__qualname__} is a `{other.pytorch}` LightningModule, and this Trainer is"
-                    f" `{ours.pytorch}`'s: use `{_IMPORTS[other]}`.",
-                    *err.args[1:],
-                )
-            raise
-
-    return wrapper
 
 
 def _with_upstream_signature(cls: type) -> Callable[..., None]:

@@ -68,16 +68,8 @@ class TurnSchedule:
     a chain's last turn by the rank before it. One failure decides the stage: the failing rank raises its own
     exception, every other rank a :class:`CheckpointRestoreError`."""
 
-    def __init__(
-        self,
-        *,
-        store: dist.Store | None,
-        placement: RankPlacement,
-        max_concurrent: int,
-        checkpoint_path: str,
-        turn_timeout: float,
-        logger: logging.Logger = log,
-    ) -> None:
+    def __init__(self, *, store: dist.Store | None, placement: RankPlacement, max_concurrent: int,
+                 checkpoint_path: str, turn_timeout: float, logger: logging.Logger = log) -> None:  # fmt: skip
         self.placement = p = placement
         self.max_concurrent = max(1, min(max_concurrent, p.local_world_size))
         self.checkpoint_path = checkpoint_path
@@ -153,19 +145,8 @@ class TurnSchedule:
         if ahead >= k:
             bound = timeout * (ahead // k + 1)  # a turn more than it needs: the timers of those turns come first
             if self._get(keys.wake(p.node_rank, ahead), bound - (time.monotonic() - arrived)) is None:
-                self._raise_verdict(
-                    keys,
-                    self._post(
-                        keys,
-                        stalled_failure(
-                            p,
-                            keys.name,
-                            f"local rank {ahead - k} of node {p.node_rank} to end its turn",
-                            bound,
-                            timeout,
-                        ),
-                    ),
-                )
+                waited = f"local rank {ahead - k} of node {p.node_rank} to end its turn"
+                self._raise_verdict(keys, self._post(keys, stalled_failure(p, keys.name, waited, bound, timeout)))
         value = self._get(keys.wake(p.node_rank, p.local_rank), timeout)
         if value is None:
             self._raise_verdict(keys, self._post(keys, timeout_failure(p, keys.name, ahead, self.turn_timeout)))

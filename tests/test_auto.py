@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serialized_restore._auto import SAFETY_MARGIN, parse_plan, plan_auto
+from serialized_restore._plan import SAFETY_MARGIN, parse_plan, plan_auto
 
 
 @pytest.mark.parametrize(

@@ -91,29 +91,17 @@ def test_a_replaced_connector_resumes_as_upstream_and_says_turns_are_off(
     assert "turn for" not in caplog.text
 
 
-@pytest.mark.parametrize(("flavour", "other", "fix"), [
-    ("pytorch_lightning", "lightning", "from serialized_restore.lightning import Trainer"),
-    ("lightning", "pytorch_lightning", "from serialized_restore import Trainer"),
-])  # fmt: skip
-def test_a_model_of_the_other_flavour_gets_upstreams_type_error_naming_the_import(
-    flavour: str, other: str, fix: str, tmp_path: Path
-) -> None:
-    """A `LightningModule` of the other flavour raises upstream's `TypeError`, whose message also names the import
-    that fits; a model that is no `LightningModule` at all gets upstream's message unchanged."""
+@pytest.mark.parametrize(("flavour", "other"), [("pytorch_lightning", "lightning"), ("lightning", "pytorch_lightning")])
+def test_a_model_of_the_other_flavour_gets_upstreams_type_error(flavour: str, other: str, tmp_path: Path) -> None:
+    """A `LightningModule` of the other flavour, or no `LightningModule` at all, raises upstream's `TypeError` with
+    upstream's message, from every entry point."""
     upstream_cls, ours_cls = _trainers(flavour)
     kwargs = quiet_cpu_trainer_kwargs(str(tmp_path), 1, "auto", max_epochs=1)
-    for entry_point in ("fit", "validate"):
+    for entry_point, model in [("fit", make_model_class(other)()), ("validate", make_model_class(other)()),
+                               ("fit", torch.nn.Linear(1, 1))]:  # fmt: skip
         with pytest.raises(TypeError) as upstream:
-            getattr(upstream_cls(**kwargs), entry_point)(make_model_class(other)(), dataloader())
+            getattr(upstream_cls(**kwargs), entry_point)(model, dataloader())
         with pytest.raises(TypeError) as ours:
-            getattr(ours_cls(**kwargs), entry_point)(make_model_class(other)(), dataloader())
-        other_package = lightning_module(other).__name__
-        assert str(ours.value) == (
-            f"{upstream.value} RecordingModel__{other} is a `{other_package}` LightningModule, and this Trainer is"
-            f" `{lightning_module(flavour).__name__}`'s: use `{fix}`."
-        )
-    with pytest.raises(TypeError) as upstream:
-        upstream_cls(**kwargs).fit(torch.nn.Linear(1, 1))
-    with pytest.raises(TypeError) as ours:
-        ours_cls(**kwargs).fit(torch.nn.Linear(1, 1))
-    assert str(ours.value) == str(upstream.value)
+            getattr(ours_cls(**kwargs), entry_point)(model, dataloader())
+        assert str(ours.value) == str(upstream.value)
+        assert "LightningModule" in str(ours.value)

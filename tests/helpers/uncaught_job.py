@@ -1,8 +1,9 @@
 """A user's resume script, nothing caught: ``python tests/helpers/uncaught_job.py '<json config>'``.
 
-``trainer.fit(model, ckpt_path=config["ckpt_path"])`` with 2 CPU ranks under ``ddp``; the add-on's ``Trainer`` with
-``serialized_checkpoint_loading=True`` when ``config["serialized"]``, else upstream's. Whatever the restore raises
-reaches Python's top level on every rank, so that a test reads exactly what a user's log would show.
+``trainer.fit(model, ckpt_path=config["ckpt_path"])`` with ``config.get("devices", 2)`` CPU ranks under ``ddp``; the
+add-on's ``Trainer`` with ``serialized_checkpoint_loading=True`` when ``config["serialized"]``, else upstream's. With
+``config["raise_on_rank"]``, that rank's ``on_load_checkpoint`` raises. Whatever the restore raises reaches Python's
+top level on every rank, so that a test reads exactly what a user's log would show.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -25,5 +27,13 @@ else:
     from pytorch_lightning import Trainer
 
     extra = {}
-trainer = Trainer(**quiet_cpu_trainer_kwargs(config["out"], 2, "ddp", max_epochs=1), **extra)
-trainer.fit(make_model_class("pytorch_lightning")(), dataloader(), ckpt_path=config["ckpt_path"])
+
+
+class Model(make_model_class("pytorch_lightning")):  # type: ignore[misc]
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.global_rank == config.get("raise_on_rank"):
+            raise RuntimeError(f"rank {self.global_rank} cannot use this checkpoint")
+
+
+trainer = Trainer(**quiet_cpu_trainer_kwargs(config["out"], config.get("devices", 2), "ddp", max_epochs=1), **extra)
+trainer.fit(Model(), dataloader(), ckpt_path=config["ckpt_path"])
