@@ -9,6 +9,7 @@ import importlib
 import inspect
 import os
 import sys
+import sysconfig
 from collections.abc import Sequence
 from typing import Any, Callable
 
@@ -16,6 +17,7 @@ from serialized_restore._flavour import flavour_of
 
 VARIABLE = "SERIALIZED_RESTORE"
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.realpath(__file__)), "_bootstrap")  # its ``sitecustomize.py``
+PTH = "serialized_restore.pth"  # the start-up line that lets the variable alone switch it on (``hook``)
 _PARAMETER = "serialized_checkpoint_loading"
 
 # the project's module for each Lightning package, and the names each of its classes takes once the module has run
@@ -107,7 +109,8 @@ are unchanged. Rank 0 logs one line saying what was switched on.
 
 The launcher sets {VARIABLE} (1, k or auto) and puts serialized_restore's bootstrap sitecustomize first on
 PYTHONPATH; a sitecustomize of your own is still imported after it. Without the launcher, setting {VARIABLE} in
-the job's environment has the same effect where serialized_restore is installed (pip install, not editable)."""
+the job's environment has the same effect where serialized_restore is installed from a wheel, or after
+`serialized-restore hook install` in an editable install."""
 
 _EXAMPLES = """\
 examples:
@@ -122,13 +125,33 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def hook(install: bool) -> int:
+    """``serialized-restore hook install|remove``: add or remove, in this environment's site-packages, the ``.pth``
+    line through which ``SERIALIZED_RESTORE`` alone switches the option on (a wheel install ships it; an editable
+    install does not)."""
+    line = open(os.path.join(BOOTSTRAP, PTH)).read()
+    target = os.path.join(sysconfig.get_paths()["purelib"], PTH)
+    present = open(target).read() if os.path.isfile(target) else None
+    if present not in (None, line):
+        print(f"serialized-restore hook: {target} exists and is not this package's: left as it is", file=sys.stderr)
+        return 1
+    if install and present is None:
+        with open(target, "w") as f:
+            f.write(line)
+    elif not install and present is not None:
+        os.remove(target)
+    state = f"on: {VARIABLE} switches the option on" if install else f"off: {VARIABLE} does nothing"
+    print(f"serialized-restore hook: {state} in every Python process of {sys.prefix} ({target})")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``serialized-restore run [--k K | --auto] -- <command ...>``: replaces this process with the command."""
     parser = argparse.ArgumentParser(
         prog="serialized-restore",
         description="Resume Lightning jobs from large checkpoints without running out of memory.",
     )
-    commands = parser.add_subparsers(dest="subcommand", required=True, metavar="run")
+    commands = parser.add_subparsers(dest="subcommand", required=True, metavar="{run,hook}")
     run = commands.add_parser(
         "run",
         help="run a command with the serialized restore switched on",
@@ -141,7 +164,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     how.add_argument("--k", type=_positive_int, help="at most K local ranks of a node restore at once (default: 1)")
     how.add_argument("--auto", action="store_true", help="K chosen per node from the memory available at restore time")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command, after `--`")
+    hook_parser = commands.add_parser(
+        "hook",
+        help=f"let {VARIABLE} alone switch it on in this environment (needed after an editable install)",
+        description=f"install: put the one-line start-up hook through which {VARIABLE} alone switches the option on"
+        " into this environment's site-packages (a wheel install ships it, `pip install -e` does not); remove: take"
+        " it out again.",
+    )
+    hook_parser.add_argument("action", choices=("install", "remove"))
     args = parser.parse_args(argv)
+    if args.subcommand == "hook":
+        return hook(args.action == "install")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         run.error("no command given")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import email
+import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path
@@ -93,17 +95,37 @@ def test_sdist_can_run_its_tests(dist: Path) -> None:
     assert committed <= tests, sorted(committed - tests)
 
 
+# in a child Python with SERIALIZED_RESTORE=1: whether `lightning.pytorch.Trainer` is the package's
+_SWITCHED = (
+    "import lightning.pytorch as pl, serialized_restore.lightning as ours\n"
+    "print('switched' if pl.Trainer is ours.Trainer else 'upstream')\n"
+)
+
+
+def _switch(python: str, cwd: Path) -> str:
+    env = {**os.environ, "SERIALIZED_RESTORE": "1"}
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run([python, "-c", _SWITCHED], capture_output=True, text=True, cwd=cwd, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout.strip()
+
+
 def test_wheel_installs_into_a_fresh_venv(dist: Path, tmp_path: Path) -> None:
-    """`pip install serialized_restore[lightning]` into a fresh venv: both flavours import, `pip check` is clean."""
+    """`pip install serialized_restore[lightning]` into a fresh venv that already has torch: torch is kept, both
+    flavours import, `pip check` is clean, the console script runs and `SERIALIZED_RESTORE` alone switches it on."""
     (wheel,) = dist.glob("*.whl")
     subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
     python = str(tmp_path / "venv" / "bin" / "python")
-    # the pinned versions CI tests, as constraints (which take no extras)
+    # the pinned versions CI tests, as constraints (which take no extras); torch first, as the README says
+    pins = re.sub(r"\[[^\]]*\]", "", (REPO / "requirements" / "ci.txt").read_text())
+    (torch_pin,) = [line for line in pins.splitlines() if line.startswith("torch==")]
     constraints = tmp_path / "constraints.txt"
-    constraints.write_text(re.sub(r"\[[^\]]*\]", "", (REPO / "requirements" / "ci.txt").read_text()))
-    install = [python, "-m", "pip", "install", "--quiet", f"{wheel}[lightning]", "-c", str(constraints)]
-    result = subprocess.run(install, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-4000:]
+    constraints.write_text("\n".join(line for line in pins.splitlines() if not line.startswith("torch==")))
+    for install in ([torch_pin], [f"{wheel}[lightning]", "-c", str(constraints)]):
+        result = subprocess.run([python, "-m", "pip", "install", "--quiet", *install], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-4000:]
+    version = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
+    assert version.stdout.strip().split("+")[0] == torch_pin.split("==")[1]  # kept, not replaced by another build
     code = (
         "import serialized_restore, serialized_restore.lightning as u, serialized_restore.pytorch_lightning as s\n"
         "import lightning.pytorch, pytorch_lightning\n"
@@ -116,3 +138,37 @@ def test_wheel_installs_into_a_fresh_venv(dist: Path, tmp_path: Path) -> None:
     assert str(tmp_path / "venv") in imported.stdout  # the installed copy, not this tree
     check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+    script = subprocess.run([str(tmp_path / "venv" / "bin" / "serialized-restore"), "run", "--help"], text=True,
+                            capture_output=True)  # fmt: skip
+    assert script.returncode == 0 and "serialized-restore run" in script.stdout, script.stderr
+    assert _switch(python, tmp_path) == "switched"
+
+
+def test_the_variable_switches_it_on_in_an_editable_install_once_the_hook_is_installed(tmp_path: Path) -> None:
+    """`pip install -e` places no start-up `.pth`: `SERIALIZED_RESTORE` does nothing until `serialized-restore hook
+    install` (which `scripts/env.sh` runs) puts it in site-packages; `hook remove` takes it out again."""
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+    venv = tmp_path / "venv"
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    # torch and Lightning from this environment (a path line in a .pth), the package editable from the copy
+    (Path(site) / "test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    install = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(tree)]
+    result = subprocess.run(install, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert not (Path(site) / "serialized_restore.pth").exists()
+    assert _switch(python, tmp_path) == "upstream"
+    command = str(venv / "bin" / "serialized-restore")
+    for action, expected in (("install", "switched"), ("install", "switched"), ("remove", "upstream")):
+        result = subprocess.run([command, "hook", action], capture_output=True, text=True)
+        assert result.returncode == 0 and str(venv) in result.stdout, result.stdout + result.stderr
+        assert _switch(python, tmp_path) == expected, action
+    assert not (Path(site) / "serialized_restore.pth").exists()
+    # a file of that name that is not the package's is left alone
+    (Path(site) / "serialized_restore.pth").write_text("# someone else's\n")
+    result = subprocess.run([command, "hook", "install"], capture_output=True, text=True)
+    assert result.returncode == 1 and "is not this package's" in result.stderr, result.stderr
+    assert (Path(site) / "serialized_restore.pth").read_text() == "# someone else's\n"
