@@ -891,11 +891,11 @@ def _auto_k(cell: Optional[dict[str, Any]]) -> str:
 
 
 # sections of docs/benchmarks.md written by other benchmarks, kept as they are when this one rewrites the page
-KEPT_SECTIONS = ("## Coordination at scale", "## The turns at scale")
+KEPT_SECTIONS = ("## The turns at scale", "## What a failure prints")
 
 
 def _kept_sections(page: Path) -> str:
-    """The page's sections that other benchmarks write (``coordination_benchmark.py``), from the first one on."""
+    """The page's sections that other benchmarks write (``scale.py``, ``failure_output.py``), from the first one on."""
     text = page.read_text() if page.exists() else ""
     starts = [text.find(f"\n{heading}\n") for heading in KEPT_SECTIONS if f"\n{heading}\n" in text]
     return "\n" + text[min(starts) + 1 :] if starts else ""

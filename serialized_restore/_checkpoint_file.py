@@ -17,10 +17,7 @@ def explain_failure(checkpoint_path: str, err: BaseException) -> str | None:
     problem = file_problem(checkpoint_path)
     if problem is not None:
         if "weights_only" in str(err):
-            problem += (
-                " Loading it with `weights_only=False`, as the message from torch below suggests, would not help:"
-                " the file itself is damaged or not a checkpoint."
-            )
+            problem += " Loading it with `weights_only=False` would not help: it is damaged or not a checkpoint."
         return problem
     if isinstance(err, KeyError) and err.args in (("pytorch-lightning_version",), ("state_dict",)):
         return (

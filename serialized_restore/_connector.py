@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from serialized_restore._compat import restores_callbacks_only_when_fitting
@@ -43,6 +43,7 @@ class _Restore:
     loaded: LoadedCheckpoint | None = None  # how stage 1 read the file (the dict lives in _loaded_checkpoint)
     optimizer_source: OptimizerSource = OptimizerSource.IN_DICT
     fingerprint: Fingerprint | None = None  # of the eagerly read optimizer state before the hooks ran (stage 1)
+    guarded: list[Any] = field(default_factory=list)  # checkpoint callbacks that must not save until resume_end
 
 
 class _SerializedCheckpointConnectorMixin:
@@ -62,29 +63,26 @@ class _SerializedCheckpointConnectorMixin:
         self._warned_strategies: set[type] = set()
         self._log = logging.getLogger(f"{flavour_of(self).pytorch}.serialized_restore")
 
-    @property
-    def restore_incomplete(self) -> bool:
-        """From a serialized restore's start to ``resume_end``, also after a failure: no checkpoint may be saved."""
-        return self._restore is not None
-
     def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, *args: Any, **kwargs: Any) -> None:
         """(all ranks) Stage 1: read, hooks, weights, datamodule, callbacks, in the rank's turn (FSDP: all together)."""
         if self._restore is not None:
             # an earlier restore whose resume_end never ran (its run failed between the stages): free what it holds
             self._abandon(self._restore)
+            release(self._restore.guarded)
         self._restore = None
         if self._settings is None or not checkpoint_path:
             super()._restore_modules_and_callbacks(checkpoint_path, *args, **kwargs)  # type: ignore[misc]
             return
         fitting = self.trainer.state.fn == flavour_of(self).import_("trainer.states", "TrainerFn").FITTING
         weights_only = kwargs.get("weights_only", args[0] if args else None)
-        restore = self._restore = _Restore(weights_only, fitting)
+        restore = self._restore = _Restore(weights_only, fitting, guarded=guard_checkpoint_callbacks(self.trainer))
         try:
             restore.plan = plan = plan_restore(
                 self.trainer, "Trainer", self.trainer.serialized_checkpoint_loading, self._settings, checkpoint_path,
                 self._warned_strategies, self._log, fetch=lambda plan: self._fetch(restore, plan),
             )  # fmt: skip
             if plan.strategy_path is StrategyPath.UPSTREAM:
+                release(restore.guarded)
                 self._restore = None
                 super()._restore_modules_and_callbacks(checkpoint_path, *args, **kwargs)  # type: ignore[misc]
                 return
@@ -220,6 +218,7 @@ class _SerializedCheckpointConnectorMixin:
         restore, self._restore = self._restore, None
         if restore is not None:
             self._remove_local_copy(restore)
+            release(restore.guarded)
         super().resume_end()  # type: ignore[misc]
 
     def _read(self, restore: _Restore, reader: str, reason: str | None = None) -> LoadedCheckpoint:
@@ -238,3 +237,41 @@ class _SerializedCheckpointConnectorMixin:
 
     def _rank_zero_info(self, message: str) -> None:
         flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(message)
+
+
+def guard_checkpoint_callbacks(trainer: Any) -> list[Any]:
+    """(each rank, as a serialized restore starts) Until :func:`release`, the checkpoint callbacks that would save in
+    ``on_exception`` warn instead: a failure before the restore ends would save a partly restored model."""
+    flavour = flavour_of(trainer)
+    checkpoint_cls = flavour.import_("callbacks", "Checkpoint")
+    model_checkpoint_cls = flavour.import_("callbacks", "ModelCheckpoint")
+    callback_cls = flavour.import_("callbacks", "Callback")
+
+    def saves_on_exception(callback: Any) -> bool:
+        own = type(callback).on_exception
+        if own is callback_cls.on_exception:
+            return False
+        if own is model_checkpoint_cls.on_exception:
+            return bool(getattr(callback, "save_on_exception", False))
+        return True
+
+    guarded = [cb for cb in trainer.callbacks if isinstance(cb, checkpoint_cls) and saves_on_exception(cb)]
+    warned: list[bool] = []
+
+    def on_exception(*args: Any, **kwargs: Any) -> None:
+        if not warned:
+            warned.append(True)
+            flavour.import_("utilities.rank_zero", "rank_zero_warn")(
+                f"The checkpoint restore did not complete, so {', '.join(type(cb).__name__ for cb in guarded)} will"
+                " not save a checkpoint of the partly restored model."
+            )
+
+    for callback in guarded:
+        callback.on_exception = on_exception  # the instance's: the class's shows through again once released
+    return guarded
+
+
+def release(callbacks: list[Any]) -> None:
+    """(each rank) Give ``callbacks`` their own ``on_exception`` back."""
+    for callback in callbacks:
+        callback.__dict__.pop("on_exception", None)

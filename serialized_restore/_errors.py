@@ -6,7 +6,7 @@ import contextlib
 import functools
 import json
 import os
-import re
+import pickle
 import sys
 import traceback
 from dataclasses import asdict, dataclass
@@ -30,11 +30,9 @@ class FailureKind(str, Enum):
         return self.value
 
 
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<name>.+)$', re.MULTILINE)
-_WHERE_FRAMES = 3
-# the turn's own files, which every failure's traceback runs through: left out of where it was raised
-_MACHINERY = (f"{os.sep}serialized_restore{os.sep}_turns.py", f"{os.sep}contextlib.py")
 _BASES = (BaseException, Exception, object)  # left out of a failure's error_types
+# errors whose own text says what is wrong with the file (upstream's), so that the package adds nothing to them
+_SAYS_WHY = (FileNotFoundError, PermissionError)
 
 
 @dataclass(frozen=True)
@@ -58,17 +56,16 @@ class RankFailure:
         object.__setattr__(self, "kind", FailureKind(self.kind))
 
     def describe(self) -> str:
-        """One item of :class:`CheckpointRestoreError`'s message: where it was raised, not the :attr:`traceback`."""
+        """One item of :class:`CheckpointRestoreError`'s message: rank, stage, message (not the :attr:`traceback`)."""
         where = f"rank {self.global_rank}" if self.global_rank >= 0 else "an unknown rank"
-        if self.node_rank is not None and self.local_rank is not None:
-            where += f" (node {self.node_rank}, local rank {self.local_rank})"
-        seen_by = f", reported by rank {self.reported_by}" if self.reported_by not in (None, self.global_rank) else ""
-        text = f"{where}, stage {self.stage!r}{seen_by}: {self.message}"
-        frames = [f for f in _FRAME.findall(self.traceback) if not f[0].endswith(_MACHINERY)][-_WHERE_FRAMES:]
-        if frames:
-            calls = " < ".join(f"`{name}` ({file}, line {line})" for file, line, name in reversed(frames))
-            text += f"\n  Raised on rank {self.global_rank} in {calls}."
-        return text
+        return f"{where}{self._placed()}, stage {self.stage!r}: {self.message}"
+
+    def _placed(self) -> str:
+        """`` (node 0, local rank 1, reported by rank 2)``: what is known besides the global rank, or ``""``."""
+        parts = [f"node {self.node_rank}, local rank {self.local_rank}"] if self.local_rank is not None else []
+        if self.reported_by not in (None, self.global_rank):
+            parts.append(f"reported by rank {self.reported_by}")
+        return f" ({', '.join(parts)})" if parts else ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -119,11 +116,13 @@ class CheckpointRestoreError(Exception):
         self.observed_on = observed_on
         ranks = ", ".join(str(r) for r in self.failed_ranks) or "unknown"
         stages = ", ".join(dict.fromkeys(repr(f.stage) for f in self.failures)) or "unknown"
-        details = "\n".join(f"- {f.describe()}" for f in self.failures)
         self.message = (
             f"Serialized restore of checkpoint {checkpoint_path!r} failed on rank(s) {ranks} in stage {stages}"
-            f" (reported on rank {observed_on}):\n{details}"
         )
+        if len(self.failures) == 1:  # one line, as upstream's own error would be
+            self.message += f"{self.failures[0]._placed()}: {self.failures[0].message}"
+        else:
+            self.message += ":" + "".join(f"\n- {f.describe()}" for f in self.failures)
         # BaseException's own __init__: the original type's may take other arguments (OSError, a user's class)
         Exception.__init__(self, self.message)
 
@@ -239,8 +238,10 @@ def stalled_failure(observer: RankPlacement, stage: str, waited: str, bound: flo
 def failure_from_exception(rank: RankPlacement, stage: str, err: BaseException, checkpoint_path: str) -> RankFailure:
     """The record of an exception raised on this rank, led by what is wrong with the file when that can be told."""
     message = f"{type(err).__name__}: {err}"
-    explanation = explain_failure(checkpoint_path, err)
-    if explanation is not None:
+    explanation = None if isinstance(err, _SAYS_WHY) else explain_failure(checkpoint_path, err)
+    if explanation is not None and isinstance(err, pickle.UnpicklingError):
+        message = f"{type(err).__name__}: {explanation}"  # instead of torch's generic advice (`weights_only`, ...)
+    elif explanation is not None:
         message = f"{explanation}\n  {message}"
     where = "".join(traceback.format_exception(type(err), err, err.__traceback__))
     types = tuple(f"{c.__module__}:{c.__qualname__}" for c in type(err).__mro__ if c not in _BASES)

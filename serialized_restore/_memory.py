@@ -15,6 +15,7 @@ class TurnRecord:
     bytes_read: int = 0
     bytes_copied: int = 0
     reader: str = ""
+    at_once: bool = False  # with the node's other ranks at once, not in turns
 
 
 def turn_end_line(rank: int, record: TurnRecord, memory_before: int) -> str:
@@ -23,8 +24,9 @@ def turn_end_line(rank: int, record: TurnRecord, memory_before: int) -> str:
     done = [f"read {format_bytes(record.bytes_read)}{how}"] if record.bytes_read or record.reader else []
     done += [f"copied {format_bytes(record.bytes_copied)} out of the mapped file"] if record.bytes_copied else []
     memory = private_memory()
+    together = " with the node's other ranks at once" if record.at_once else ""
     return (
-        f"[rank {rank}] serialized restore: turn for {record.stage!r} ended in {record.duration:.2f}s,"
+        f"[rank {rank}] serialized restore: turn for {record.stage!r} ended in {record.duration:.2f}s{together},"
         f" {', '.join(done) or 'read nothing'}; the process holds {format_bytes(memory)} of private memory,"
         f" {format_bytes(memory - memory_before)} more than before its turn"
     )

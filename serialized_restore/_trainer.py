@@ -12,12 +12,9 @@ from serialized_restore._connector import _SerializedCheckpointConnectorMixin
 from serialized_restore._flavour import flavour_of
 from serialized_restore._options import SerializedLoading, options_from
 
-try:  # LightningCLI's parser: with it, bad values are refused at parse time with a usage error
-    from jsonargparse.typing import PositiveInt
-except ImportError:  # pragma: no cover - jsonargparse is optional, as in Lightning
-    PositiveInt = int  # type: ignore[misc, assignment]
-
-SerializedCheckpointLoading = Union[bool, PositiveInt, Literal["auto"], SerializedLoading]
+# `int`, not jsonargparse's PositiveInt: importing jsonargparse would cost every process 0.1 s; a count below 1 from
+# LightningCLI is refused when the Trainer is built, as from code
+SerializedCheckpointLoading = Union[bool, int, Literal["auto"], SerializedLoading]
 """The type of ``Trainer(serialized_checkpoint_loading=...)``."""
 
 _PARAMETER = "serialized_checkpoint_loading"
@@ -45,7 +42,6 @@ class SerializedRestoreTrainerMixin:
         super().__init__(*args, **kwargs)
         self._serialized_loading = serialized_checkpoint_loading
         self._checkpoint_connector = self._connector_class(self, settings)
-        self._replaced_connector_noted = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -53,22 +49,20 @@ class SerializedRestoreTrainerMixin:
         if SerializedRestoreTrainerMixin in cls.__bases__:
             cls.__init__ = _with_upstream_signature(cls)  # type: ignore[method-assign, misc]
 
-    def _run(self, *args: Any, **kwargs: Any) -> Any:
-        connector = self._checkpoint_connector
+    @property
+    def _checkpoint_connector(self) -> Any:
+        return self.__dict__["_serialized_connector"]
+
+    @_checkpoint_connector.setter
+    def _checkpoint_connector(self, connector: Any) -> None:
         # a framework (NeMo, SageMaker HyperPod) may replace the connector with Lightning's own: upstream's restore
-        ours = isinstance(connector, _SerializedCheckpointConnectorMixin)
-        if not ours and self._serialized_loading is not False and not self._replaced_connector_noted:
-            self._replaced_connector_noted = True
+        self.__dict__["_serialized_connector"] = connector
+        value = self.__dict__.get("_serialized_loading", False)
+        if value is not False and not isinstance(connector, _SerializedCheckpointConnectorMixin):
             flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(
-                f"`Trainer(serialized_checkpoint_loading={self._serialized_loading!r})` has no effect: the Trainer's"
-                f" checkpoint connector was replaced by {type(connector).__qualname__}, which restores as upstream."
+                f"`Trainer(serialized_checkpoint_loading={value!r})` has no effect: the Trainer's checkpoint"
+                f" connector was replaced by {type(connector).__qualname__}, which restores as upstream."
             )
-        try:
-            return super()._run(*args, **kwargs)  # type: ignore[misc]
-        except BaseException:
-            if ours and connector.restore_incomplete:
-                disable_checkpoint_callbacks(self)
-            raise
 
     @property
     def serialized_checkpoint_loading(self) -> SerializedCheckpointLoading:
@@ -98,28 +92,3 @@ def _with_upstream_signature(cls: type) -> Callable[..., None]:
     __init__.__doc__ = (upstream_init.__doc__ or "") + "\n\n" + (SerializedRestoreTrainerMixin.__doc__ or "")
     del __init__.__wrapped__  # type: ignore[attr-defined]  # the signature is the one set above, not upstream's
     return __init__
-
-
-def disable_checkpoint_callbacks(trainer: Any) -> None:
-    """(each rank, a restore failed half-way) Remove the checkpoint callbacks that would save in ``on_exception``."""
-    flavour = flavour_of(trainer)
-    checkpoint_cls = flavour.import_("callbacks", "Checkpoint")
-    model_checkpoint_cls = flavour.import_("callbacks", "ModelCheckpoint")
-    callback_cls = flavour.import_("callbacks", "Callback")
-
-    def saves_on_exception(callback: Any) -> bool:
-        own = type(callback).on_exception
-        if own is callback_cls.on_exception:
-            return False
-        if own is model_checkpoint_cls.on_exception:
-            return bool(getattr(callback, "save_on_exception", False))
-        return True
-
-    disabled = [cb for cb in trainer.callbacks if isinstance(cb, checkpoint_cls) and saves_on_exception(cb)]
-    if not disabled:
-        return
-    trainer.callbacks = [cb for cb in trainer.callbacks if cb not in disabled]
-    flavour.import_("utilities.rank_zero", "rank_zero_warn")(
-        f"The checkpoint restore failed, so {', '.join(type(cb).__name__ for cb in disabled)} will not save a"
-        " checkpoint of the partly restored model."
-    )

@@ -18,6 +18,7 @@ from typing import Callable
 import torch.distributed as dist
 
 from serialized_restore._errors import (
+    CheckpointRestoreError,
     FailureKind,
     RankFailure,
     failure_from_exception,
@@ -83,39 +84,12 @@ class TurnSchedule:
             _GENERATIONS[id(self._store)] = (self._store, generation + 1)
             self._prefix = f"serialized_restore/{generation}/"
 
-    @contextlib.contextmanager
-    def turn(self, stage: str, *, ordered: bool = True, logged: bool | None = None) -> Iterator[TurnRecord]:
+    def turn(self, stage: str, *, ordered: bool = True, logged: bool | None = None) -> _Turn:
         """(all ranks) Run the ``with`` block as this rank's turn of ``stage``; ``ordered=False``: every rank at once.
         ``logged`` (default: ``ordered``): the rank logs its turn's start and end."""
-        p, record = self.placement, TurnRecord(stage=stage)
+        k = self.max_concurrent if ordered else self.placement.local_world_size
         logged = (ordered if logged is None else logged) and self.log.isEnabledFor(logging.INFO)
-        keys = _Stage(self._prefix, stage, p, self.max_concurrent if ordered else p.local_world_size)
-        arrived = time.monotonic()
-        if self._store is not None:
-            with self._store_lost_raises(stage):
-                self._wait_for_turn(keys, arrived)
-        record.waited = time.monotonic() - arrived
-        if logged:
-            waited = f"after waiting {record.waited:.2f}s" if ordered else "with the node's other ranks at once"
-            self.log.info(f"[rank {p.global_rank}] serialized restore: turn for {stage!r} started {waited}")
-        started, memory_before = time.monotonic(), private_memory() if logged else 0
-        with contextlib.suppress(Exception):  # no stderr file descriptor: no stack, as without faulthandler
-            # the stack of a rank stuck in its turn, printed by that rank when its timers give up on it
-            faulthandler.dump_traceback_later(self.turn_timeout, exit=False)
-        try:
-            yield record
-        except BaseException as err:
-            faulthandler.cancel_dump_traceback_later()
-            if self._store is not None:
-                self._fail_own_turn(keys, err)
-            raise  # unchanged, as upstream raises it
-        faulthandler.cancel_dump_traceback_later()
-        record.duration = time.monotonic() - started
-        if logged:  # before the successor is woken: log lines of consecutive turns never overlap
-            self.log.info(turn_end_line(p.global_rank, record, memory_before))
-        if self._store is not None:
-            with self._store_lost_raises(stage):
-                self._end_turn(keys, arrived)
+        return _Turn(self, _Stage(self._prefix, stage, self.placement, k), ordered, logged)
 
     def on_one_rank(
         self, stage: str, compute: Callable[[], str | None], *, central: bool, per_node: bool = False
@@ -255,6 +229,54 @@ class TurnSchedule:
         except StoreLost as err:
             failure = store_lost_failure(stage, self.placement.global_rank, err)
             raise restore_error(self.checkpoint_path, [failure], self.placement.global_rank) from None
+
+
+class _Turn:
+    """One rank's turn of a stage (:meth:`TurnSchedule.turn`). A verdict is raised from ``__enter__`` or ``__exit__``
+    with its traceback cut there: a failed restore's traceback shows one frame of the turn, not the wait's."""
+
+    def __init__(self, schedule: TurnSchedule, keys: _Stage, ordered: bool, logged: bool) -> None:
+        self.schedule, self.keys, self.ordered, self.logged = schedule, keys, ordered, logged
+        self.record = TurnRecord(stage=keys.name)
+        self.arrived = self.started = time.monotonic()
+        self.memory_before = 0
+
+    def __enter__(self) -> TurnRecord:
+        schedule, record = self.schedule, self.record
+        try:
+            if schedule._store is not None:
+                with schedule._store_lost_raises(record.stage):
+                    schedule._wait_for_turn(self.keys, self.arrived)
+        except CheckpointRestoreError as err:
+            raise err.with_traceback(None) from err.__cause__
+        record.waited, record.at_once = time.monotonic() - self.arrived, not self.ordered
+        # a rank that waits for a turn says when it starts; one that starts at once has its end line only
+        if self.logged and self.ordered and schedule.placement.local_rank >= self.keys.k:
+            message = f"turn for {record.stage!r} started after waiting {record.waited:.2f}s"
+            schedule.log.info(f"[rank {schedule.placement.global_rank}] serialized restore: {message}")
+        self.memory_before = private_memory() if self.logged else 0
+        self.started = time.monotonic()
+        with contextlib.suppress(Exception):  # no stderr file descriptor: no stack, as without faulthandler
+            # the stack of a rank stuck in its turn, printed by that rank when its timers give up on it
+            faulthandler.dump_traceback_later(schedule.turn_timeout, exit=False)
+        return record
+
+    def __exit__(self, kind: object, err: BaseException | None, tb: object) -> None:
+        faulthandler.cancel_dump_traceback_later()
+        schedule, record = self.schedule, self.record
+        try:
+            if err is not None:
+                if schedule._store is not None:
+                    schedule._fail_own_turn(self.keys, err)
+                return  # the rank's own exception goes on unchanged, as upstream raises it
+            record.duration = time.monotonic() - self.started
+            if self.logged:  # before the successor is woken: log lines of consecutive turns never overlap
+                schedule.log.info(turn_end_line(schedule.placement.global_rank, record, self.memory_before))
+            if schedule._store is not None:
+                with schedule._store_lost_raises(record.stage):
+                    schedule._end_turn(self.keys, self.arrived)
+        except CheckpointRestoreError as error:
+            raise error.with_traceback(None) from error.__cause__
 
 
 class _Timeout(Exception):

@@ -75,7 +75,7 @@ def test_random_bytes_and_text_are_not_a_checkpoint_and_get_no_format_hint(tmp_p
     assert explanation is not None and "is not a PyTorch checkpoint" in explanation
     assert repr(content[:12]) in explanation
     assert "_use_new_zipfile_serialization" not in explanation
-    assert "`weights_only=False`, as the message from torch below suggests, would not help" in explanation
+    assert "Loading it with `weights_only=False` would not help: it is damaged or not a checkpoint." in explanation
 
 
 def test_sound_files_and_remote_paths_are_left_to_the_original_message(tmp_path):

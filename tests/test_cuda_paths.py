@@ -175,9 +175,9 @@ def test_one_rank_per_node_resumes_exactly(tmp_path: Path, reference: dict[str, 
             kill_job(proc)
     assert [proc.returncode for proc in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     ranks = {int(p.stem[4:]): torch.load(p, weights_only=False) for p in tmp_path.glob("rank*.pt")}
-    for rank in ranks.values():
-        started = [m for _, m in rank["turn_log"] if "turn for 'restore modules and callbacks' started" in m]
-        assert len(started) == 1 and "after waiting 0." in started[0], rank["turn_log"]
+    for rank in ranks.values():  # each first on its node: no wait, so an end line only
+        lines = [m for _, m in rank["turn_log"] if "turn for 'restore modules and callbacks'" in m]
+        assert len(lines) == 1 and " ended in " in lines[0], rank["turn_log"]
     assert_training_state_equal(ranks, reference["uninterrupted"])
 
 

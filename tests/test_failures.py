@@ -173,26 +173,14 @@ def test_an_exception_on_one_rank_is_raised_on_every_rank(tmp_path, checkpoint_d
     run = _run(tmp_path, cases, devices=3, continue_after_failure=True, timeout=180)
     assert run.returncode == 0, run.output[-4000:]
     expected = [
-        (0, STAGE_1, "RuntimeError: injected failure in module_hook on rank 0", "on_load_checkpoint", "RuntimeError"),
-        (1, STAGE_1, "Missing key(s) in state_dict", "load_state_dict", "RuntimeError"),
-        (
-            2,
-            STAGE_1,
-            "RuntimeError: injected failure in callback_load_state_dict on rank 2",
-            "load_state_dict",
-            "RuntimeError",
-        ),
-        (
-            1,
-            STAGE_2,
-            "ValueError: loaded state dict has a different number of parameter groups",
-            "load_state_dict",
-            "ValueError",
-        ),
+        (0, STAGE_1, "RuntimeError: injected failure in module_hook on rank 0", "RuntimeError"),
+        (1, STAGE_1, "Missing key(s) in state_dict", "RuntimeError"),
+        (2, STAGE_1, "RuntimeError: injected failure in callback_load_state_dict on rank 2", "RuntimeError"),
+        (1, STAGE_2, "ValueError: loaded state dict has a different number of parameter groups", "ValueError"),
     ]
-    for case, (failed, stage, message, frame, own) in zip(cases, expected):
+    for case, (failed, stage, message, own) in zip(cases, expected):
         name = case["name"]
-        fragments = (message, f"Raised on rank {failed} in", frame)
+        fragments = (message,)
         _assert_raised_on_every_rank(run, name, 3, [failed], ckpt, stage, *fragments, own=own)
         for rank, outcome in run.ranks(name).items():
             # one traceback per rank, nothing chained: the failing rank's own exception, the others' error
@@ -282,7 +270,7 @@ def test_a_rank_killed_in_its_turn_ends_the_job(tmp_path, checkpoint_dir, strate
     name = f"{strategy}, rank 1 killed"
     cases = [{"name": name, "ckpt_path": str(checkpoint_dir / "last.ckpt"), "fault": {"rank": 1, "in": "kill"}}]
     run = _run(tmp_path, cases, strategy=strategy, devices=devices, timeout=180)
-    fragments = ("rank 1 (node 0, local rank 1)", "did not end its turn", "`SerializedLoading(turn_timeout=...)`")
+    fragments = ("rank(s) 1 in stage", "did not end its turn", "`SerializedLoading(turn_timeout=...)`")
     _assert_dead_rank_reported(run, name, devices, 1, fragments)
     if strategy == "ddp_spawn":
         assert run.returncode != 0
@@ -406,7 +394,7 @@ def _bad_inputs(directory: Path, trained: Path) -> tuple[list[dict[str, Any]], d
         torch.save(malicious, files[f"malicious_{flag}.ckpt"])
 
     cases = [
-        ("missing", str(directory / "missing.ckpt"), {"entry": "validate"}, ("does not exist", "FileNotFoundError")),
+        ("missing", str(directory / "missing.ckpt"), {"entry": "validate"}, ("FileNotFoundError: Checkpoint file",)),
         ("directory", str(directory), {"entry": "test"}, ("is a directory, not a checkpoint file",)),
         ("empty", str(files["empty.ckpt"]), {"entry": "predict"}, ("is empty (0 bytes)",)),
         ("truncated", str(files["truncated.ckpt"]), {}, ("is truncated or damaged", "the end of the archive")),
@@ -470,33 +458,40 @@ def test_bad_input_is_refused_on_every_rank(tmp_path, trained_checkpoint):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("bad", ["missing", "random bytes"])
-def test_a_failed_restore_prints_one_traceback_per_rank_and_no_misleading_line(tmp_path, bad):
-    """A 2-rank job resuming from a missing file or a file of random bytes, nothing caught: each rank's log shows at
-    most one traceback, as upstream's does, says on every rank what is wrong with the file and which rank found it,
-    and has no line that points elsewhere (an eager-read notice, a hint at torch's legacy format)."""
-    ckpt = tmp_path / "epoch=3.ckpt"
-    if bad == "random bytes":
-        ckpt.write_bytes(b"\x00" + os.urandom(4095))
+@pytest.mark.parametrize(("bad", "world"), [
+    ("missing", 2), ("truncated", 2), ("random bytes", 2), ("rank raising", 2), ("random bytes", 4),
+])  # fmt: skip
+def test_a_failed_restore_prints_no_more_than_upstream(tmp_path, trained_checkpoint, bad, world):
+    """A job whose resume fails, nothing caught (``benchmarks/failure_output.py`` has every case at 2 and 4 ranks):
+    the add-on's output has no more lines than upstream's for the same failure, in the same run; each rank's log
+    shows at most one traceback, says on every rank what is wrong and which rank found it, and has no line that points
+    elsewhere (an eager-read notice, a hint at torch's legacy format)."""
+    from benchmarks.failure_output import FAST, SCRIPT, case_config
+
     outputs = {}
     for serialized in (False, True):
-        config = {"out": str(tmp_path / f"job-{serialized}"), "ckpt_path": str(ckpt), "serialized": serialized}
-        result = launch.run_job(config, timeout=150, env=FAST, script=launch.JOB.with_name("uncaught_job.py"))
+        config = case_config(bad, tmp_path, trained_checkpoint, world)
+        config.update(out=str(tmp_path / f"job-{serialized}"), serialized=serialized)
+        result = launch.run_job(config, timeout=150, env=FAST, script=SCRIPT)
         assert result.returncode != 0, result.output[-3000:]
         outputs[serialized] = result.output
-    for serialized, output in outputs.items():
-        for rank in (0, 1):
+    ours, upstream = outputs[True], outputs[False]
+    assert len(ours.splitlines()) <= len(upstream.splitlines()), f"{ours}\n----- upstream:\n{upstream}"
+    for output in outputs.values():
+        for rank in range(world):
             lines = [line for line in output.splitlines() if line.startswith(f"[rank{rank}]:")]
-            assert lines, (serialized, output[-3000:])
-            assert sum("Traceback" in line for line in lines) <= 1, (serialized, rank, output)
-    ours = outputs[True]
+            assert sum("Traceback" in line for line in lines) <= 1, (rank, output)
     for misleading in ("eagerly instead of memory-mapped", "is not a file", "_use_new_zipfile_serialization"):
         assert misleading not in ours, (misleading, ours)
-    what = "does not exist." if bad == "missing" else "is not a PyTorch checkpoint: it is neither a zip archive"
-    # rank 0 found it and raised its own error, as upstream's; rank 1 says what is wrong and who found it
-    rank_output = "\n".join(line for line in ours.splitlines() if line.startswith("[rank1]:"))
-    assert f"failed on rank(s) 0 in stage {STAGE_1!r} (reported on rank 1)" in rank_output, ours
-    assert what in rank_output and "Raised on rank 0 in `" in rank_output, ours
-    # about as long as upstream's: the turn's frames and two lines of message more, not whole tracebacks more (the
-    # error's rank-0 traceback runs through the add-on's frames down to where the file was opened)
-    assert len(ours.splitlines()) < len(outputs[False].splitlines()) + 40, ours
+    failed = world - 1 if bad == "rank raising" else 0
+    what = {
+        "missing": "FileNotFoundError: Checkpoint file not found",
+        "truncated": "is truncated or damaged",
+        "random bytes": "is not a PyTorch checkpoint: it is neither a zip archive",
+        "rank raising": f"RuntimeError: rank {failed} cannot use this checkpoint",
+    }[bad]
+    # the failing rank raised its own error, as upstream's; every other rank says what is wrong and who found it
+    for rank in set(range(world)) - {failed}:
+        rank_output = "\n".join(line for line in ours.splitlines() if line.startswith(f"[rank{rank}]:"))
+        assert f"failed on rank(s) {failed} in stage {STAGE_1!r} (node 0, local rank {failed}): " in rank_output, ours
+        assert what in rank_output, ours

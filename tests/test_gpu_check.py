@@ -183,8 +183,10 @@ def test_checks_fail_on_what_they_guard(tmp_path: Path) -> None:
     def line(rank: int, what: str) -> str:
         return f"[rank {rank}] serialized restore: turn for '{gpu_check.STAGE_1}' {what}"
 
-    in_order = "\n".join([line(0, "started"), line(0, "ended"), line(1, "started"), line(1, "ended")])
-    overlapping = "\n".join([line(0, "started"), line(1, "started"), line(0, "ended"), line(1, "ended")])
+    # the first rank starts at once and logs its end only; the next one waits and logs its start too
+    in_order = "\n".join([line(0, "ended"), line(1, "started"), line(1, "ended")])
+    overlapping = "\n".join([line(1, "started"), line(0, "ended"), line(1, "ended")])
     assert gpu_check.turns_check(in_order, 2)["ok"]
     assert not gpu_check.turns_check(overlapping, 2)["ok"]
-    assert not gpu_check.turns_check("\n".join([line(0, "started"), line(0, "ended")]), 2)["ok"]
+    assert not gpu_check.turns_check("\n".join([line(0, "ended")]), 2)["ok"]
+    assert not gpu_check.turns_check("\n".join([line(0, "ended"), line(1, "ended")]), 2)["ok"]

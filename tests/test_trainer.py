@@ -77,8 +77,8 @@ def test_a_replaced_connector_resumes_as_upstream_and_says_turns_are_off(
     kwargs = quiet_cpu_trainer_kwargs(str(tmp_path), 1, "auto", max_epochs=2, enable_checkpointing=False)
     expected = resume(upstream_cls(**kwargs))
     ours = ours_cls(**kwargs, serialized_checkpoint_loading=True)
-    ours._checkpoint_connector = _stock_connector(flavour, ours)
     with caplog.at_level(logging.INFO):
+        ours._checkpoint_connector = _stock_connector(flavour, ours)
         got = resume(ours)
         ours.validate(ours.lightning_module, dataloaders=dataloader(), ckpt_path=ckpt)
     assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in expected)

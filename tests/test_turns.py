@@ -351,7 +351,7 @@ def _assert_timed_out(result: dict[str, Any], world: int, stuck: int, timeout: f
     for rank, outcome in result["ranks"].items():
         error = outcome["error"]
         assert outcome["kinds"] == ["timeout"], (rank, outcome["kinds"])
-        assert f"rank {stuck} " in error and TURN_TIMEOUT_SETTING in error, error
+        assert f"rank(s) {stuck} " in error and TURN_TIMEOUT_SETTING in error, error
         assert "slow file system" in error and "on_load_checkpoint" in error and "load_state_dict" in error, error
         late = outcome["ended"] - result["fault"]["at"]
         assert timeout - 0.5 < late < timeout + 2.5, (rank, late)

@@ -54,7 +54,7 @@ def shared_job(tmp_path_factory: pytest.TempPathFactory, name: str, config: dict
     return {r: torch.load(p, weights_only=False) for r, p in rank_files(out).items()}
 
 
-_TURN_LINE = re.compile(r"\[rank (\d+)\] serialized restore: turn for '(.+)' (started|ended)")
+_TURN_LINE = re.compile(r"\[rank (\d+)\] serialized restore: turn for '(.+)' (started|ended in ([\d.]+)s)")
 
 
 def assert_same(a: Any, b: Any, where: str) -> None:
@@ -100,8 +100,9 @@ def turn_intervals(rank_results: dict[int, Any]) -> dict[str, list[tuple[float, 
             rank, stage, event = int(match[1]), match[2], match[3]
             if event == "started":
                 opened[(stage, rank)] = created
-            else:
-                out.setdefault(stage, []).append((opened.pop((stage, rank)), created, rank))
+            else:  # a rank that started at once logs no start: its end line says how long the turn took
+                start = opened.pop((stage, rank), created - float(match[4]))
+                out.setdefault(stage, []).append((start, created, rank))
     assert not opened, f"turns that never ended: {opened}"
     return out
 
