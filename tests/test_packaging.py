@@ -156,7 +156,7 @@ def test_the_variable_switches_it_on_in_an_editable_install_once_the_hook_is_ins
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     # torch and Lightning from this environment (a path line in a .pth), the package editable from the copy
     (Path(site) / "test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    install = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(tree)]
+    install = [python, "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(tree)]
     result = subprocess.run(install, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
     assert not (Path(site) / "serialized_restore.pth").exists()
