@@ -8,12 +8,21 @@
 
 from typing import Any
 
+from serialized_restore._compat import UnsupportedLightningError
 from serialized_restore._errors import CheckpointRestoreError, RankFailure
 from serialized_restore._options import SerializedLoading
 
 __version__ = "0.1.0"
 
-__all__ = ["CheckpointRestoreError", "MmapCheckpointIO", "RankFailure", "SerializedLoading", "Trainer", "__version__"]
+__all__ = [
+    "CheckpointRestoreError",
+    "MmapCheckpointIO",
+    "RankFailure",
+    "SerializedLoading",
+    "Trainer",
+    "UnsupportedLightningError",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from packaging.version import Version
 
+import serialized_restore
 from harness.models import dataloader, lightning_module, make_callback_class, make_model_class
 from harness.trainers import quiet_cpu_trainer_kwargs
 from serialized_restore._compat import (
@@ -70,6 +71,7 @@ def test_an_unsupported_release_is_refused_when_the_trainer_or_fabric_is_built(
     message = str(info.value)
     assert SUPPORTED_RANGE in message and f"`{module}` is {version}" in message, message
     assert f"upstream's `{module}.{owner}`" in message, message
+    assert isinstance(info.value, serialized_restore.UnsupportedLightningError)  # exported, for `except`
 
 
 @pytest.mark.parametrize("flavour", list(FLAVOURS))
