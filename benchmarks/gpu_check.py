@@ -25,7 +25,7 @@ Checks, each of which fails the run (exit code 1):
 * every restore is exact (weights; for fit, optimizer state and step) against the checkpoint;
 * memory (N = 1), S the checkpoint's size: ``ours-true`` and ``fabric-ours`` add at most 0.1 x S of host anonymous
   memory above their baseline (net of the optimizer state the ranks keep in host memory for training, which on GPU is
-  none), and ``upstream`` and ``fabric-upstream`` add at least 0.8 x S (upstream holds the whole checkpoint in host
+  none), and ``upstream`` and ``fabric-upstream`` add at least 0.5 x S (upstream holds the whole checkpoint in host
   memory: if the measurement does not see that copy, it cannot see ours either);
 * the log says the file was read memory-mapped (the memory-mapped modes), eagerly (the eager modes), and for FSDP that
   the full checkpoint was memory-mapped;
@@ -69,7 +69,7 @@ BUDGET = 450.0
 MIN_JOB_SECONDS = 15.0
 PREFLIGHT_SECONDS = 5.0
 OURS_AT_MOST = 0.1
-UPSTREAM_AT_LEAST = 0.8
+UPSTREAM_AT_LEAST = 0.5  # of the copy upstream holds: a sampler on a busy machine may miss the top of its peak
 STAGE_1 = "restore modules and callbacks"
 FABRIC_STAGE = "load checkpoint"
 EXIT_FAILED, EXIT_NO_GPU, EXIT_ENVIRONMENT = 1, 2, 3

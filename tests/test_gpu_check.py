@@ -73,7 +73,7 @@ def test_without_require_gpu_it_skips_with_one_line() -> None:
 @pytest.mark.timeout(420)
 def test_cpu_branch_runs_every_job_and_passes_its_checks(tmp_path: Path) -> None:
     """``--accelerator cpu`` runs the device run's jobs (Trainer fit/validate and Fabric with both readers, DDP and
-    FSDP on 2 ranks) with gloo, every restore exact, ours within 0.1 x S, upstream at least 0.8 x S, turns in order."""
+    FSDP on 2 ranks) with gloo, every restore exact, ours within 0.1 x S, upstream at least 0.5 x S, turns in order."""
     result = _run(["--accelerator", "cpu", "--params", PARAMS, "--out", str(tmp_path)], timeout=400)
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     results = json.loads((tmp_path / "results.json").read_text())
@@ -93,7 +93,7 @@ def test_cpu_branch_runs_every_job_and_passes_its_checks(tmp_path: Path) -> None
         assert checks(name)["memory"]["ok"] and "<= 0.1 x S" in checks(name)["memory"]["detail"], name
         assert checks(name)["log: read memory-mapped"]["ok"], name
     for name in ("n1-fit-upstream", "n1-validate-upstream", "n1-load-fabric-upstream"):
-        assert checks(name)["memory"]["ok"] and ">= 0.8 x S" in checks(name)["memory"]["detail"], name
+        assert checks(name)["memory"]["ok"] and ">= 0.5 x S" in checks(name)["memory"]["detail"], name
     for name in ("n1-fit-ours-true-eager", "n1-validate-ours-true-eager", "n1-load-fabric-ours-eager"):
         assert checks(name)["log: read eagerly"]["ok"], name
     assert checks("n2-fit-ours-true")["turns"]["ok"] and checks("n2-fit-ours-true")["log: read memory-mapped"]["ok"]
@@ -167,8 +167,8 @@ def test_checks_fail_on_what_they_guard(tmp_path: Path) -> None:
         return gpu_check.Job(f"n1-{entry}-{mode}", "restore", mode, entry, cell=cell)
 
     base = 500 * 2**20
-    jobs = [job("baseline", "validate", base), job("ours-true", "validate", base + size // 2)]
-    jobs.append(job("upstream", "validate", base + size // 2))
+    jobs = [job("baseline", "validate", base), job("ours-true", "validate", base + size * 2 // 5)]
+    jobs.append(job("upstream", "validate", base + size * 2 // 5))
     assert not gpu_check.memory_check(jobs[1], jobs, size)["ok"]
     assert not gpu_check.memory_check(jobs[2], jobs, size)["ok"]
     jobs[1].cell["anon_peak"] = jobs[2].cell["anon_peak"] = base + size // 20  # type: ignore[index]
