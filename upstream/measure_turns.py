@@ -12,7 +12,8 @@ anonymous memory. A job with a checkpoint is compared with the same job without 
   net of the optimizer state the job keeps in any case (N copies under DDP, one in N shards under FSDP).
 
 Beside the memory, each job reports the restore's wall time: from the first rank's ``setup`` hook to the last rank's
-``on_train_start`` / ``on_validation_start`` (the restore and the strategy's setup; the same for every variant).
+``on_validation_start`` or, for ``fit`` (which resumes at ``max_steps`` and skips its loop), ``on_fit_end`` (the
+restore and the strategy's setup; the same for every variant).
 
 Which Lightning runs is chosen by ``PYTHONPATH``: ``--master`` and ``--patched`` name two ``src/`` folders (the
 pristine snapshot and the snapshot with the series applied, ``upstream/series.py apply``). ``--variants`` are the
@@ -94,6 +95,11 @@ def job(spec: dict[str, Any]) -> None:
 
         def on_train_start(self, *_: Any) -> None:
             self._mark("end")
+
+        def on_fit_end(self, trainer: Any, *_: Any) -> None:
+            # a resumed `fit` that has reached `max_steps` skips its loop and `on_train_start`
+            if trainer.global_step == spec["steps"]:
+                self._mark("end")
 
         def on_validation_start(self, trainer: Any, *_: Any) -> None:
             if not trainer.training:
@@ -254,7 +260,8 @@ def main() -> None:
                         row[name].update(raw_mib=raw, raw_x_s=raw / ckpt_mib, net_mib=raw - kept)
                         row[name]["net_x_s"] = (raw - kept) / ckpt_mib
                         line += f" {name} raw {raw / ckpt_mib:.2f} net {(raw - kept) / ckpt_mib:.2f} x S"
-                        line += f" restore {row[name]['restore_seconds']:.1f} s;"
+                        seconds = row[name]["restore_seconds"]
+                        line += f" restore {seconds:.1f} s;" if seconds is not None else " restore ? s;"
                     results.append(row)
                     print(line, flush=True)
     if args.out:
