@@ -11,6 +11,7 @@ import os
 import sys
 import sysconfig
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Callable
 
 from serialized_restore._flavour import flavour_of
@@ -129,17 +130,16 @@ def hook(install: bool) -> int:
     """``serialized-restore hook install|remove``: add or remove, in this environment's site-packages, the ``.pth``
     line through which ``SERIALIZED_RESTORE`` alone switches the option on (a wheel install ships it; an editable
     install does not)."""
-    line = open(os.path.join(BOOTSTRAP, PTH)).read()
-    target = os.path.join(sysconfig.get_paths()["purelib"], PTH)
-    present = open(target).read() if os.path.isfile(target) else None
+    line = Path(BOOTSTRAP, PTH).read_text()
+    target = Path(sysconfig.get_paths()["purelib"], PTH)
+    present = target.read_text() if target.is_file() else None
     if present not in (None, line):
         print(f"serialized-restore hook: {target} exists and is not this package's: left as it is", file=sys.stderr)
         return 1
     if install and present is None:
-        with open(target, "w") as f:
-            f.write(line)
+        target.write_text(line)
     elif not install and present is not None:
-        os.remove(target)
+        target.unlink()
     state = f"on: {VARIABLE} switches the option on" if install else f"off: {VARIABLE} does nothing"
     print(f"serialized-restore hook: {state} in every Python process of {sys.prefix} ({target})")
     return 0
