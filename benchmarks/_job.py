@@ -117,6 +117,14 @@ AUTO_CHOICE = AutoChoiceRecorder()
 logging.getLogger("pytorch_lightning.serialized_restore").addHandler(AUTO_CHOICE)
 
 
+class MmapTorchCheckpointIO(pl.plugins.io.TorchCheckpointIO):
+    """``mmap-plugin``: upstream's restore reading with ``torch.load(..., mmap=True)`` (what upstream's PR 01 adds to
+    ``TorchCheckpointIO``)."""
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Any = None) -> dict[str, Any]:
+        return torch.load(path, map_location=lambda storage, loc: storage, weights_only=weights_only, mmap=True)
+
+
 class Proposal2021Connector(_CheckpointConnector):
     """The 2021 proposal (Lightning issue #8043): local ranks read one at a time and drop only ``state_dict``.
 
@@ -392,9 +400,7 @@ def _trainer(config: dict[str, Any], **kwargs: Any) -> pl.Trainer:
 
         return Trainer(serialized_checkpoint_loading=serialized, **common)
     if kind == "mmap-plugin":
-        from serialized_restore import MmapCheckpointIO
-
-        return pl.Trainer(plugins=[MmapCheckpointIO()], **common)
+        return pl.Trainer(plugins=[MmapTorchCheckpointIO()], **common)
     trainer = pl.Trainer(**common)
     if kind == "proposal-2021":
         trainer._checkpoint_connector = Proposal2021Connector(trainer)

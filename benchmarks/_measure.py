@@ -124,8 +124,8 @@ def upstream_of(mode: str) -> str:
 
 MODE_DESCRIPTIONS = {
     "upstream": "`pytorch_lightning.Trainer`",
-    "mmap-plugin": "`pytorch_lightning.Trainer(plugins=[serialized_restore.MmapCheckpointIO()])`: upstream's restore,"
-    " every rank at once, reading with `torch.load(..., mmap=True)`",
+    "mmap-plugin": "`pytorch_lightning.Trainer(plugins=[MmapTorchCheckpointIO()])`: upstream's restore, every rank at"
+    " once, reading with `torch.load(..., mmap=True)` (a `TorchCheckpointIO` subclass in `benchmarks/_job.py`)",
     "ours-off": "`serialized_restore.Trainer(serialized_checkpoint_loading=False)`",
     "ours-true": "`serialized_restore.Trainer(serialized_checkpoint_loading=True)` (reads memory-mapped)",
     "ours-2": "`serialized_restore.Trainer(serialized_checkpoint_loading=2)`",

@@ -3,7 +3,6 @@
 ``from serialized_restore import Trainer`` gives the ``pytorch_lightning`` flavour and
 ``from serialized_restore.lightning import Trainer`` the ``lightning.pytorch`` one: upstream's ``Trainer`` plus
 ``serialized_checkpoint_loading`` (``True``, a positive int, ``"auto"`` or a :class:`SerializedLoading`).
-``MmapCheckpointIO``, in both flavours, is a ``CheckpointIO`` plugin that loads local checkpoints memory-mapped.
 """
 
 from typing import Any
@@ -16,7 +15,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointRestoreError",
-    "MmapCheckpointIO",
     "RankFailure",
     "SerializedLoading",
     "Trainer",
@@ -27,7 +25,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # imported on first use, so that users of `lightning.pytorch` never import `pytorch_lightning` as well
-    if name in ("Trainer", "MmapCheckpointIO"):
+    if name == "Trainer":
         from serialized_restore import pytorch_lightning
 
         return getattr(pytorch_lightning, name)

@@ -25,9 +25,7 @@ class FailureKind(str, Enum):
     TIMEOUT = "timeout"  # its turn did not end within the turn timeout
     STORE_LOST = "store lost"  # the process hosting the process group's store is gone
     MALFORMED = "malformed report"  # a record in the store that is not ours (``global_rank`` -1)
-
-    def __str__(self) -> str:
-        return self.value
+    __str__ = str.__str__  # the value, not FailureKind.TIMEOUT
 
 
 _BASES = (BaseException, Exception, object)  # left out of a failure's error_types
@@ -47,10 +45,8 @@ class RankFailure:
     kind: FailureKind
     message: str
     traceback: str = ""
-    reported_by: int | None = None
-    """The rank that noticed the failure, when it is not the failing rank."""
-    error_types: tuple[str, ...] = ()
-    """For an exception: its class and bases as ``"module:qualname"``, most derived first (:func:`restore_error`)."""
+    reported_by: int | None = None  # the rank that noticed the failure, when it is not the failing rank
+    error_types: tuple[str, ...] = ()  # an exception's class and bases, "module:qualname", most derived first
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", FailureKind(self.kind))

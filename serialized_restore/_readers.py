@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -64,55 +63,15 @@ def load_mmap(path: Any, map_location: Any, weights_only: bool | None) -> Any:
     return torch.load(local, map_location=map_location, weights_only=weights_only, mmap=True)
 
 
-class MmapCheckpointIOMixin:
-    """Loads local zip-format checkpoints memory-mapped; mixed into Lightning's ``TorchCheckpointIO``.
-
-    The ranks of a node share the file's clean pages in the page cache instead of each holding a private copy.
-    Legacy (non-zip) files, non-local paths and file-like objects are read eagerly, with one INFO line saying why.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _accept_in_every_imported_flavour(type(self))
-
-    def load_checkpoint(
-        self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
-    ) -> dict[str, Any]:
-        # on global rank zero, through Lightning's logger: shown where Lightning's own INFO lines are
-        flavour = flavour_of(self)
-        info = flavour.import_("utilities.rank_zero", "rank_zero_info", fabric=True)
-        if not isinstance(path, (str, os.PathLike)):
-            info("MmapCheckpointIO: reading a file-like object eagerly: only paths can be memory-mapped.")
-            return torch.load(path, map_location=map_location, weights_only=read_weights_only(flavour, weights_only))
-        reason = path_unmappable_reason(path)
-        if reason is None:
-            return load_mmap(path, map_location, read_weights_only(flavour, weights_only))
-        if reason:
-            info(f"MmapCheckpointIO: reading {path!r} eagerly instead of memory-mapped: {reason}.")
-        kwargs = weights_only_kwargs(flavour, weights_only, fabric=True)
-        return super().load_checkpoint(path, map_location=map_location, **kwargs)  # type: ignore[misc]
-
-
-def _accept_in_every_imported_flavour(cls: type) -> None:
-    """Register ``cls`` as a virtual subclass of every imported flavour's ``CheckpointIO`` (an ABC): the other
-    flavour's Trainer would otherwise refuse the plugin ("Found invalid type for plugin")."""
-    for fabric in ("lightning.fabric.plugins.io.checkpoint_io", "lightning_fabric.plugins.io.checkpoint_io"):
-        module = sys.modules.get(fabric)
-        base = getattr(module, "CheckpointIO", None)
-        if base is not None and not issubclass(cls, base):
-            base.register(cls)
-
-
 def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, str | None]:
     """How a rank reads ``path``: ``("mmap", None)`` where ``requested`` allows it and the file can be mapped, else
     ``("eager", why)``; ``why`` is ``None`` when eager was requested or there is no checkpoint to read."""
     reason = path_unmappable_reason(path)
     if requested == "eager" or reason == "":
         return "eager", None
-    checkpoint_io = strategy.checkpoint_io
-    stock = flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True)
-    if type(checkpoint_io) is not stock and not isinstance(checkpoint_io, MmapCheckpointIOMixin):
-        return "eager", f"the strategy's CheckpointIO is {type(checkpoint_io).__name__}, not TorchCheckpointIO"
+    checkpoint_io = type(strategy.checkpoint_io)
+    if checkpoint_io is not flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True):
+        return "eager", f"the strategy's CheckpointIO is {checkpoint_io.__name__}, not TorchCheckpointIO"
     return ("mmap", None) if reason is None else ("eager", reason)
 
 

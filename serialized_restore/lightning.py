@@ -2,12 +2,10 @@
 
 from lightning.fabric import Fabric as _Fabric
 from lightning.pytorch import Trainer as _Trainer
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
 from serialized_restore._connector import _SerializedCheckpointConnectorMixin
 from serialized_restore._fabric import SerializedFabricMixin
-from serialized_restore._readers import MmapCheckpointIOMixin
 from serialized_restore._trainer import SerializedRestoreTrainerMixin
 
 
@@ -20,12 +18,8 @@ class Trainer(SerializedRestoreTrainerMixin, _Trainer):
     _connector_class = _SerializedCheckpointConnector
 
 
-class MmapCheckpointIO(MmapCheckpointIOMixin, TorchCheckpointIO):
-    __doc__ = MmapCheckpointIOMixin.__doc__
-
-
 class Fabric(SerializedFabricMixin, _Fabric):
     __doc__ = SerializedFabricMixin.__doc__
 
 
-__all__ = ["Fabric", "MmapCheckpointIO", "Trainer"]
+__all__ = ["Fabric", "Trainer"]

@@ -1,11 +1,9 @@
 """``serialized_restore`` for users of the standalone package: ``import pytorch_lightning``."""
 
 from pytorch_lightning import Trainer as _Trainer
-from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
 from serialized_restore._connector import _SerializedCheckpointConnectorMixin
-from serialized_restore._readers import MmapCheckpointIOMixin
 from serialized_restore._trainer import SerializedRestoreTrainerMixin
 
 
@@ -18,8 +16,4 @@ class Trainer(SerializedRestoreTrainerMixin, _Trainer):
     _connector_class = _SerializedCheckpointConnector
 
 
-class MmapCheckpointIO(MmapCheckpointIOMixin, TorchCheckpointIO):
-    __doc__ = MmapCheckpointIOMixin.__doc__
-
-
-__all__ = ["MmapCheckpointIO", "Trainer"]
+__all__ = ["Trainer"]

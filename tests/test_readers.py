@@ -12,7 +12,6 @@ import torch
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.strategies import SingleDeviceStrategy
 
-from serialized_restore import MmapCheckpointIO
 from serialized_restore._readers import (
     choose_reader,
     copy_kept_out_of_mapping,
@@ -144,88 +143,14 @@ def _mapped_files() -> str:
     return Path("/proc/self/maps").read_text()
 
 
-def test_mmap_checkpoint_io_maps_local_zip_files(tmp_path: Path) -> None:
-    """The plugin returns tensors backed by a mapping of the file, equal to what was saved."""
-    path = tmp_path / "mapped.ckpt"
-    saved = _save(path)
-    loaded = MmapCheckpointIO().load_checkpoint(str(path), weights_only=True)
-    assert str(path) in _mapped_files()
-    assert torch.equal(loaded["state_dict"]["w"], saved["state_dict"]["w"])
-    assert _read(_strategy(MmapCheckpointIO()), str(path), True, "auto").reader == "mmap"
-
-
-@pytest.mark.parametrize("case", ["legacy", "file_object"])
-def test_mmap_checkpoint_io_falls_back(tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str) -> None:
-    """Legacy files and file-like objects are read eagerly, with one INFO line saying why."""
-    path = tmp_path / f"{case}.ckpt"
-    saved = _save(path, _use_new_zipfile_serialization=case != "legacy")
-    with caplog.at_level(logging.INFO):
-        if case == "file_object":
-            with open(path, "rb") as f:
-                loaded = MmapCheckpointIO().load_checkpoint(f, weights_only=True)  # type: ignore[arg-type]
-        else:
-            loaded = MmapCheckpointIO().load_checkpoint(str(path), weights_only=True)
-    assert torch.equal(loaded["state_dict"]["w"], saved["state_dict"]["w"])
-    assert str(path) not in _mapped_files()
-    lines = [r for r in caplog.records if "MmapCheckpointIO: reading" in r.getMessage()]
-    # through Lightning's logger, so that Lightning's default console handler shows it: rank_zero_info logs through
-    # lightning_utilities' logger, which each Lightning distribution points at its own when it is imported, so the
-    # record carries the name of whichever distribution the process imported last
-    lightning_roots = ("pytorch_lightning.", "lightning_fabric.", "lightning.pytorch.", "lightning.fabric.")
-    assert len(lines) == 1 and lines[0].name.startswith(lightning_roots)
-    assert lines[0].levelno == logging.INFO
-
-
-def test_mmap_checkpoint_io_keeps_weights_only(tmp_path: Path) -> None:
-    """The plugin refuses a non-allow-listed object with weights_only=True and loads it with False."""
-    path = tmp_path / "a.ckpt"
-    torch.save({"extra": _Custom()}, path)
-    with pytest.raises(Exception, match="weights_only"):
-        MmapCheckpointIO().load_checkpoint(str(path), weights_only=True)
-    assert MmapCheckpointIO().load_checkpoint(str(path), weights_only=False)["extra"].value == 3
-
-
-@pytest.mark.parametrize("trainer_flavour", ["lightning.pytorch", "pytorch_lightning"])
-@pytest.mark.parametrize("plugin_flavour", ["serialized_restore.lightning", "serialized_restore.pytorch_lightning"])
-def test_mmap_checkpoint_io_of_either_flavour_works_with_either_trainer(
-    tmp_path: Path, trainer_flavour: str, plugin_flavour: str
-) -> None:
-    """Either `MmapCheckpointIO` is accepted by either upstream Trainer, and resumes exactly as the default I/O."""
-    import importlib
-
-    trainer_cls = importlib.import_module(trainer_flavour).Trainer
-    plugin = importlib.import_module(plugin_flavour).MmapCheckpointIO()
-    boring = importlib.import_module(f"{trainer_flavour}.demos.boring_classes")
-
-    def fit(steps: int, ckpt_path: object = None, plugins: list[object] = ()) -> tuple[object, object]:
-        torch.manual_seed(0)
-        model = boring.BoringModel()
-        trainer = trainer_cls(
-            accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, default_root_dir=tmp_path, plugins=list(plugins),
-        )  # fmt: skip
-        trainer.fit(model, ckpt_path=ckpt_path)
-        return trainer, model
-
-    trainer, _ = fit(2)
-    trainer.save_checkpoint(tmp_path / "two.ckpt")
-    _, expected = fit(4, tmp_path / "two.ckpt")
-    trainer, got = fit(4, tmp_path / "two.ckpt", [plugin])
-    assert trainer.strategy.checkpoint_io is plugin
-    for (name, a), (_, b) in zip(expected.state_dict().items(), got.state_dict().items()):
-        assert torch.equal(a, b), name
-
-
 def test_a_missing_file_is_read_eagerly_without_a_reason(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A local path with no file behind it goes to the eager read with no reason logged, so upstream's own
-    `FileNotFoundError` is the only word about it; `MmapCheckpointIO` likewise."""
+    `FileNotFoundError` is the only word about it."""
     missing = str(tmp_path / "missing.ckpt")
     assert choose_reader(_strategy(), missing, "mmap") == ("eager", None)
     with caplog.at_level(logging.INFO):
         with pytest.raises(FileNotFoundError, match="Checkpoint file not found"):
             _read(_strategy(), missing, True, "mmap")
-        with pytest.raises(FileNotFoundError, match="Checkpoint file not found"):
-            MmapCheckpointIO().load_checkpoint(missing, weights_only=True)
     assert "eagerly" not in caplog.text
 
 

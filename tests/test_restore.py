@@ -181,22 +181,6 @@ def test_special_paths_best_last_hpc(tmp_path: Path, reference: dict[str, Any]) 
         assert any("turn for 'restore modules and callbacks' ended" in m for _, m in call["turn_log"])
 
 
-@pytest.mark.parametrize("trainer", ["upstream", "ours"])
-def test_mmap_checkpoint_io_alone_and_combined(tmp_path: Path, reference: dict[str, Any], trainer: str) -> None:
-    """`MmapCheckpointIO` resumes bit-identically with the upstream Trainer and with serialized loading."""
-    result = run_ok(
-        {
-            "trainer": trainer,
-            "serialized": True,
-            "plugin": "mmap",
-            "out": str(tmp_path),
-            "max_epochs": 2,
-            "ckpt_path": reference["ckpt"],
-        }
-    )
-    assert_training_state_equal(result.ranks, reference["uninterrupted"])
-
-
 def test_auto_chooses_k_per_node_from_available_memory(tmp_path: Path, reference: dict[str, Any]) -> None:
     """ "auto" with room for one eager turn runs turns one at a time, and logs its choice with the figures."""
     size = Path(reference["ckpt"]).stat().st_size

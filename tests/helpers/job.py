@@ -51,12 +51,6 @@ def build_trainer(config: dict[str, Any]) -> Any:
     callback = make_callback_class(flavour)()
     writer = make_writer_class(flavour)(config, callback)
     pl = lightning_module(flavour)
-    checkpoint_io = []
-    if config.get("plugin") == "mmap":
-        from serialized_restore import lightning as unified
-        from serialized_restore import pytorch_lightning as standalone
-
-        checkpoint_io = [(unified if flavour == "lightning" else standalone).MmapCheckpointIO()]
     checkpointing = (
         [pl.callbacks.ModelCheckpoint(dirpath=str(Path(config["out"]) / "ckpts"), save_last=True)]
         if config.get("checkpointing")
@@ -81,7 +75,7 @@ def build_trainer(config: dict[str, Any]) -> Any:
             max_epochs=config.get("max_epochs", 1),
             enable_checkpointing=bool(config.get("checkpointing")),
             callbacks=[callback, writer, *checkpointing],
-            plugins=[*precision, *checkpoint_io],
+            plugins=precision,
             **extra,
         )
     )
