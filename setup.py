@@ -52,12 +52,18 @@ setup(
     install_requires=[
         "torch>=2.1",
         f"pytorch-lightning{LIGHTNING}",
-        "psutil>=5.9",
     ],
     extras_require={
         "lightning": [f"lightning{LIGHTNING}"],
-        "test": [f"lightning{LIGHTNING}", "pytest", "pytest-xdist", "pytest-timeout", "jsonargparse[signatures]"],
-        "benchmark": [f"lightning{LIGHTNING}", "matplotlib"],
+        "test": [
+            f"lightning{LIGHTNING}",
+            "pytest",
+            "pytest-xdist",
+            "pytest-timeout",
+            "jsonargparse[signatures]",
+            "psutil>=5.9",
+        ],
+        "benchmark": [f"lightning{LIGHTNING}", "matplotlib", "psutil>=5.9"],
     },
     license="Apache-2.0",
     license_files=["LICENSE"],

@@ -15,18 +15,15 @@ At ``end`` every rank also records how many bytes of optimizer state it holds (k
 overhead) and how many of them still lie in a memory-mapped file (``mmap-plugin``: ``Optimizer.load_state_dict``
 keeps the loaded tensors when dtype and device match, so the state stays in the checkpoint's copy-on-write mapping
 until the first step writes it). Then, after a barrier so that no rank is still inside the window, it compares its
-weights (and, for fit, its optimizer state and step) exactly with the checkpoint and writes ``rank<global rank>.json``,
-with the ``k`` that ``serialized_checkpoint_loading="auto"`` chose if the package logged one (local rank 0 does). After
-one more barrier every rank leaves with ``os._exit(0)``: nothing after the window is measured, and Lightning's teardown
-and interpreter shutdown would cost seconds per run. The restore path itself is untouched.
+weights (and, for fit, its optimizer state and step) exactly with the checkpoint and writes ``rank<global rank>.json``.
+After one more barrier every rank leaves with ``os._exit(0)``: nothing after the window is measured, and Lightning's
+teardown and interpreter shutdown would cost seconds per run. The restore path itself is untouched.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import re
 import sys
 import time
 import traceback
@@ -82,7 +79,6 @@ TRAINER_OF_MODE: dict[str, tuple[str, Any]] = {
     "ours-off": ("ours", False),
     "ours-true": ("ours", True),
     "ours-2": ("ours", 2),
-    "ours-auto": ("ours", "auto"),
     "ours-true-eager": ("ours", True),
     "mmap-plugin": ("mmap-plugin", None),
     "fsdp-baseline": ("upstream", None),
@@ -94,27 +90,6 @@ TRAINER_OF_MODE: dict[str, tuple[str, Any]] = {
     "oss-upstream": ("upstream", None),
     "oss-ours": ("ours", True),
 }
-
-
-class AutoChoiceRecorder(logging.Handler):
-    """Keeps what ``serialized_checkpoint_loading="auto"`` chose, from the package's INFO line (local rank 0 only)."""
-
-    PATTERN = re.compile(r'"auto" chose k=(-?\d+)')
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.k: Optional[int] = None
-        self.message: Optional[str] = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        found = self.PATTERN.search(message)
-        if found:
-            self.k, self.message = int(found.group(1)), message
-
-
-AUTO_CHOICE = AutoChoiceRecorder()
-logging.getLogger("pytorch_lightning.serialized_restore").addHandler(AUTO_CHOICE)
 
 
 class MmapTorchCheckpointIO(pl.plugins.io.TorchCheckpointIO):
@@ -204,8 +179,6 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
             "end": ended,
             "optimizer_state_bytes": optimizer_bytes,
             "optimizer_state_mapped_bytes": mapped_bytes,
-            "auto_k": AUTO_CHOICE.k,
-            "auto_message": AUTO_CHOICE.message,
             "checked": bool(self.run.get("ckpt_path")),
             "exact": not mismatches,
             "mismatches": mismatches[:20],
@@ -545,8 +518,6 @@ def fabric_restore(config: dict[str, Any]) -> None:
         "end": ended,
         "optimizer_state_bytes": optimizer_bytes,
         "optimizer_state_mapped_bytes": mapped_bytes,
-        "auto_k": None,
-        "auto_message": None,
         "checked": bool(config.get("ckpt_path")),
         "exact": not mismatches,
         "mismatches": mismatches[:20],

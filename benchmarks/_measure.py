@@ -70,7 +70,6 @@ MODES: dict[str, dict[str, str]] = {
     "ours-off": {},
     "ours-true": {},
     "ours-2": {},
-    "ours-auto": {},
     "ours-true-eager": {"SERIALIZED_RESTORE_READER": "eager"},
     "proposal-2021": {},
     "fsdp-baseline": {},
@@ -129,8 +128,6 @@ MODE_DESCRIPTIONS = {
     "ours-off": "`serialized_restore.Trainer(serialized_checkpoint_loading=False)`",
     "ours-true": "`serialized_restore.Trainer(serialized_checkpoint_loading=True)` (reads memory-mapped)",
     "ours-2": "`serialized_restore.Trainer(serialized_checkpoint_loading=2)`",
-    "ours-auto": '`serialized_restore.Trainer(serialized_checkpoint_loading="auto")` (k chosen per node from the'
-    " memory available)",
     "ours-true-eager": "`serialized_checkpoint_loading=True` with `SERIALIZED_RESTORE_READER=eager`",
     "proposal-2021": "upstream Trainer, local ranks one at a time, dropping only `state_dict` (issue #8043)",
     "baseline": "upstream Trainer, no checkpoint (`ckpt_path=None`)",
@@ -751,10 +748,6 @@ class RestoreRun:
     """GPU memory allocated by torch on all ranks together at the end of the window (``None`` on CPU), bytes."""
     gpu_peak_bytes: Optional[int] = None
     """Sum over ranks of each rank's peak of GPU memory allocated by torch from ``setup`` to the window's end."""
-    auto_k: Optional[int] = None
-    """The ``k`` that ``serialized_checkpoint_loading="auto"`` chose (as the package logged it), else ``None``."""
-    auto_message: Optional[str] = None
-    """That log line, with the figures the choice was made from."""
     timeline: list[tuple[float, int]] = field(default_factory=list)
     """Fast-channel samples from ``TIMELINE_MARGIN`` before the window to its end, as (seconds since the window
     start, bytes), reduced to the largest value per ``TIMELINE_BIN``."""
@@ -860,8 +853,6 @@ def analyse(outcome: JobOutcome, *, mode: str, entry: str, devices: int) -> Rest
         run_dir=str(run_dir),
         gpu_bytes=_sum_or_none(r.get("gpu_bytes") for r in ranks),
         gpu_peak_bytes=_sum_or_none(r.get("gpu_peak_bytes") for r in ranks),
-        auto_k=next((r["auto_k"] for r in ranks if r.get("auto_k") is not None), None),
-        auto_message=next((r["auto_message"] for r in ranks if r.get("auto_message")), None),
         timeline=_timeline(outcome.sampler.fast, start, end),
     )
 

@@ -49,7 +49,7 @@ TRAIN_STEPS = 3  # Adam steps taken before the checkpoint is saved
 DEVICES = (1, 2, 4)
 ENTRIES = ("fit", "validate")
 DDP_MODES = (
-    "upstream", "mmap-plugin", "ours-off", "ours-true", "ours-2", "ours-auto", "ours-true-eager", "proposal-2021"
+    "upstream", "mmap-plugin", "ours-off", "ours-true", "ours-2", "ours-true-eager", "proposal-2021"
 )  # fmt: skip
 FSDP_MODES = ("fsdp-upstream", "fsdp-ours")  # measured against their own baseline, `fsdp-baseline`
 # sharded optimizer state (ZeroRedundancyOptimizer under DDP; fairscale OSS with its own baseline, `oss-baseline`);
@@ -71,7 +71,6 @@ DEFAULT_PLAN: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "ours-true": ((1, 2, 4), (2, 4)),
     "fsdp-upstream": ((2, 4), (4,)),
     "fsdp-ours": ((2, 4), (4,)),
-    "ours-auto": ((4,), ()),
     "mmap-plugin": ((4,), ()),
     "proposal-2021": ((4,), ()),
     "ours-off": ((1,), ()),
@@ -89,7 +88,7 @@ EXTRA_MODES = tuple(m for m in MODES if m not in DEFAULT_PLAN)
 # with --modes or --devices: every mode at every N given, except where it cannot differ from another mode
 MODE_MAX_DEVICES = {"ours-off": 1}
 MODE_MIN_DEVICES = {
-    "ours-2": 3, "ours-auto": 2, "ours-true-eager": 2, "proposal-2021": 2, "fsdp-upstream": 2, "fsdp-ours": 2,
+    "ours-2": 3, "ours-true-eager": 2, "proposal-2021": 2, "fsdp-upstream": 2, "fsdp-ours": 2,
     "fabric-fsdp-upstream": 2, "fabric-fsdp-ours": 2,
 }  # fmt: skip
 REPEATS = 1
@@ -128,7 +127,6 @@ PLOT_STYLE = {
     "ours-off": ("tab:orange", "x", ":"),
     "ours-true": ("tab:green", "s", "-"),
     "ours-2": ("tab:olive", "^", "-"),
-    "ours-auto": ("tab:blue", "*", "-."),
     "ours-true-eager": ("tab:cyan", "v", "--"),
     "proposal-2021": ("tab:purple", "D", "--"),
     "baseline": ("0.45", ".", ":"),
@@ -382,7 +380,6 @@ def _run_size(args: argparse.Namespace, params: int, runs_dir: Path, warmed_up: 
             f"{label}[{i}/{len(jobs)}] N={devices} {entry:8s} {mode:16s} window {run.window:6.2f}s"
             f"  anon peak {run.anon_peak / GIB:6.2f} GiB  pss peak {run.pss_peak / GIB:6.2f} GiB"
             f"  optimizer state {run.optimizer_state_bytes / GIB:5.2f} GiB{mapped}  {verdict}"
-            + (f"  auto chose k={run.auto_k}" if run.auto_k is not None else "")
             + f"  (job {time.monotonic() - t0:.0f}s)",
             flush=True,
         )
@@ -526,8 +523,6 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "overhead_pss": median([o["pss"] for o in measured]),
                 "optimizer_state_bytes": median([r["optimizer_state_bytes"] for r in runs]),
                 "optimizer_state_mapped_bytes": median([r.get("optimizer_state_mapped_bytes", 0) for r in runs]),
-                "auto_k": sorted({r["auto_k"] for r in runs if r.get("auto_k") is not None}),
-                "auto_message": next((r["auto_message"] for r in runs if r.get("auto_message")), None),
                 "window": median([r["window"] for r in runs]),
                 "window_cpu_seconds": median([r["window_cpu_seconds"] for r in runs]),
                 "exact": all(r["exact"] for r in runs) if mode not in BASELINES else None,
@@ -662,13 +657,6 @@ def check_targets(results: dict[str, Any]) -> list[Target]:
         rows.append(
             (f"ours-true whole-process restore time <= {TARGET_WHOLE_TIME:g} x upstream's at every N (restore only,"
              " process start to exit)", measured, worst <= TARGET_WHOLE_TIME, worst)
-        )  # fmt: skip
-    true_fit, auto_fit = find.get((top, "fit", "ours-true")), find.get((top, "fit", "ours-auto"))
-    if true_fit is not None and auto_fit is not None:
-        ratio = true_fit["window"] / auto_fit["window"]
-        rows.append(
-            (f"ours-true restore time <= ours-auto's at N={top}, fit",
-             f"{true_fit['window']:.2f}s vs {auto_fit['window']:.2f}s = {ratio:.2f} x ours-auto", ratio <= 1.0, ratio)
         )  # fmt: skip
     return rows
 
@@ -874,7 +862,7 @@ def _figure(target: str, worst: Optional[float]) -> str:
         return "–"
     if "restore time" not in target:
         return f"{worst:.2f} x S"
-    return f"{worst:.2f} x " + ("ours-auto" if "ours-auto's" in target else "upstream")
+    return f"{worst:.2f} x upstream"
 
 
 def _gib(value: Optional[float], size: int, bold: bool = False) -> str:
@@ -882,12 +870,6 @@ def _gib(value: Optional[float], size: int, bold: bool = False) -> str:
         return "–"
     text = f"{value / GIB:.2f} ({value / size:.2f})"
     return f"**{text}**" if bold else text
-
-
-def _auto_k(cell: Optional[dict[str, Any]]) -> str:
-    if cell is None:
-        return "–"
-    return "/".join(map(str, cell.get("auto_k") or [])) or "not logged"
 
 
 # sections of docs/benchmarks.md written by other benchmarks, kept as they are when this one rewrites the page
@@ -1001,13 +983,11 @@ def report(all_results: dict[str, Any], image_dir: str) -> str:
         " private memory: the state every training job holds anyway. Mapped pages are shared, not free: they"
         " are in the *PSS* figures, which count each shared file page divided among the processes that map it,"
         " so N ranks that touch the same pages add about one copy to the node, not N.",
-        "- `ours-true`, `ours-2`, `ours-auto` (memory-mapped): the file's pages sit in the page cache, shared by"
+        "- `ours-true`, `ours-2` (memory-mapped): the file's pages sit in the page cache, shared by"
         " every rank and not anonymous; each rank copies the weights from them into its model in its turn and"
         " drops everything it no longer needs at the end of the turn. For fit, after DDP's setup, every rank at once"
         " copies into private memory the optimizer state its optimizers keep: the state every training job holds"
-        " anyway (it allocates nothing else, so it needs no turns). `ours-auto` takes"
-        " turns of k ranks, k chosen by local rank 0 of each node from the memory available (see *k chosen by"
-        " `ours-auto`* below).",
+        " anyway (it allocates nothing else, so it needs no turns).",
         "- `ours-true-eager`: each rank reads the whole file into private memory in its turn (S at a time); for"
         " fit it drops the optimizer state after the first stage and reads the file again in its second turn.",
         "",
@@ -1105,27 +1085,6 @@ def report(all_results: dict[str, Any], image_dir: str) -> str:
                         row += [_gib(c["overhead_net"], size, bold=True)]
                     row += [_gib(c["overhead_pss"], size), "yes" if c["exact"] else "**NO**"]
                 lines.append("| " + " | ".join(row) + " |")
-        lines.append("")
-    auto = [(n, e, c) for n in devices for e in cfg["entries"] if (c := find.get((n, e, "ours-auto"))) is not None]
-    if auto:
-        lines += [
-            "### k chosen by `ours-auto`",
-            "",
-            'The `k` that `serialized_checkpoint_loading="auto"` chose in each job, as local rank 0 logged it. It'
-            " divides the node's available memory, less a margin, by the private memory one turn needs"
-            " (`serialized_restore/_memory.py`); the log line below gives the figures.",
-            "",
-            "| N | " + " | ".join(cfg["entries"]) + " |",
-            "|" + "---|" * (1 + len(cfg["entries"])),
-        ]
-        for n in devices:
-            chosen = [find.get((n, e, "ours-auto")) for e in cfg["entries"]]
-            if any(chosen):
-                lines.append(f"| {n} | " + " | ".join(_auto_k(c) for c in chosen) + " |")
-        messages = [(n, e, c["auto_message"]) for n, e, c in auto if c.get("auto_message")]
-        if messages:
-            n, entry, message = messages[-1]
-            lines += ["", f"Its log line at N={n}, {entry}: `{message}`"]
         lines.append("")
     lines += [
         "### Restore time",

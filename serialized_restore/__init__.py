@@ -2,7 +2,7 @@
 
 ``from serialized_restore import Trainer`` gives the ``pytorch_lightning`` flavour and
 ``from serialized_restore.lightning import Trainer`` the ``lightning.pytorch`` one: upstream's ``Trainer`` plus
-``serialized_checkpoint_loading`` (``True``, a positive int, ``"auto"`` or a :class:`SerializedLoading`).
+``serialized_checkpoint_loading`` (``True``, a positive int or a :class:`SerializedLoading`).
 """
 
 from typing import Any

@@ -1,4 +1,4 @@
-"""``python -m serialized_restore run [--k K | --auto] -- <command ...>``: the launcher (``_launch.py``)."""
+"""``python -m serialized_restore run [--k K] -- <command ...>``: the launcher (``_launch.py``)."""
 
 from serialized_restore._launch import main
 

@@ -37,7 +37,7 @@ class SerializedFabricMixin:
 
     Args:
         serialized_checkpoint_loading: as the Trainer's, for ``fabric.load`` and ``fabric.load_raw``. ``False``
-            (default) loads exactly as upstream; ``True``, a positive int ``k``, ``"auto"`` or a
+            (default) loads exactly as upstream; ``True``, a positive int ``k`` or a
             :class:`~serialized_restore.SerializedLoading`: the local ranks of each node load in turns.
     """
 

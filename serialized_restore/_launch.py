@@ -38,18 +38,15 @@ _REPLACED: dict[str, dict[str, tuple[str, ...]]] = {
 _announced = False
 
 
-def parse(raw: str) -> bool | int | str:
+def parse(raw: str) -> bool | int:
     """The ``serialized_checkpoint_loading`` value ``SERIALIZED_RESTORE=raw`` stands for, else ``ValueError``."""
     text = raw.strip()
-    if text == "auto":
-        return "auto"
     if text.isascii() and text.isdigit():
         k = int(text)
         return False if k == 0 else True if k == 1 else k
     raise ValueError(
         f"`{VARIABLE}={raw!r}` is not supported. Accepted values: `1` (the local ranks of a node restore one at a"
-        " time), a positive int k (at most k at once), `auto` (k chosen per node from the memory available) or `0`"
-        " (off, as unset)."
+        " time), a positive int k (at most k at once) or `0` (off, as unset)."
     )
 
 
@@ -108,7 +105,7 @@ pytorch_lightning, lightning_fabric) are replaced by serialized_restore's, whose
 defaults to the value given here. A value the program passes itself wins. Processes that never import Lightning
 are unchanged. Rank 0 logs one line saying what was switched on.
 
-The launcher sets {VARIABLE} (1, k or auto) and puts serialized_restore's bootstrap sitecustomize first on
+The launcher sets {VARIABLE} (1 or k) and puts serialized_restore's bootstrap sitecustomize first on
 PYTHONPATH; a sitecustomize of your own is still imported after it. Without the launcher, setting {VARIABLE} in
 the job's environment has the same effect where serialized_restore is installed from a wheel, or after
 `serialized-restore hook install` in an editable install."""
@@ -116,7 +113,7 @@ the job's environment has the same effect where serialized_restore is installed 
 _EXAMPLES = """\
 examples:
   serialized-restore run -- python train.py --ckpt last.ckpt
-  serialized-restore run --auto -- torchrun --nproc-per-node 8 train.py fit --ckpt_path last.ckpt
+  serialized-restore run --k 2 -- torchrun --nproc-per-node 8 train.py fit --ckpt_path last.ckpt
   SERIALIZED_RESTORE=2 python train.py            (the variable alone, same effect as --k 2)"""
 
 
@@ -146,7 +143,7 @@ def hook(install: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``serialized-restore run [--k K | --auto] -- <command ...>``: replaces this process with the command."""
+    """``serialized-restore run [--k K] -- <command ...>``: replaces this process with the command."""
     parser = argparse.ArgumentParser(
         prog="serialized-restore",
         description="Resume Lightning jobs from large checkpoints without running out of memory.",
@@ -158,11 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=_DESCRIPTION,
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="serialized-restore run [-h] [--k K | --auto] -- command [arg ...]",
+        usage="serialized-restore run [-h] [--k K] -- command [arg ...]",
     )
-    how = run.add_mutually_exclusive_group()
-    how.add_argument("--k", type=_positive_int, help="at most K local ranks of a node restore at once (default: 1)")
-    how.add_argument("--auto", action="store_true", help="K chosen per node from the memory available at restore time")
+    run.add_argument("--k", type=_positive_int, help="at most K local ranks of a node restore at once (default: 1)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the command, after `--`")
     hook_parser = commands.add_parser(
         "hook",
@@ -178,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         run.error("no command given")
-    env = {**os.environ, VARIABLE: "auto" if args.auto else str(args.k or 1)}
+    env = {**os.environ, VARIABLE: str(args.k or 1)}
     path = env.get("PYTHONPATH", "")
     if path.split(os.pathsep)[0] != BOOTSTRAP:  # not twice for a launcher run under the launcher
         env["PYTHONPATH"] = BOOTSTRAP + (os.pathsep + path if path else "")

@@ -11,16 +11,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Literal, SupportsIndex
 
-from lightning_utilities.core.imports import RequirementCache
-
-AUTO: Literal["auto"] = "auto"
 # how messages name each setting
 TURN_TIMEOUT_SETTING = "`SerializedLoading(turn_timeout=...)`"
-READER_SETTING = "`SerializedLoading(reader=...)`"
 TMPDIR_SETTING = "`SerializedLoading(tmpdir=...)`"
-AVAILABLE_MEMORY_SETTING = "`SerializedLoading(available_memory=...)`"
-# measures the memory "auto" assumes available (unless given)
-PSUTIL_AVAILABLE = RequirementCache("psutil")
 READERS = ("auto", "mmap", "eager")
 
 
@@ -32,9 +25,8 @@ class SerializedLoading:
     of range raises ``ValueError`` naming it.
     """
 
-    max_concurrent: int | Literal["auto"] = 1
-    """The most local ranks of a node that restore at once, or ``"auto"``: chosen per node from the memory available
-    when the restore starts."""
+    max_concurrent: int = 1
+    """The most local ranks of a node that restore at once."""
     reader: Literal["auto", "mmap", "eager"] = "auto"
     """How a rank reads the file: ``"auto"`` (memory-mapped where the file allows it, else as upstream reads it),
     ``"mmap"`` (the same, logging why when it cannot), ``"eager"`` (always as upstream reads it)."""
@@ -45,15 +37,10 @@ class SerializedLoading:
     group's timeout (``docs/failures.md``)."""
     tmpdir: str | None = None
     """The directory for the per-node copy of a remote checkpoint; ``None``: the system's temporary directory."""
-    available_memory: int | None = None
-    """Bytes of host memory ``"auto"`` assumes available on each node, instead of measuring it (with psutil) when the
-    restore starts; ``None``: measured."""
 
     def __post_init__(self) -> None:
-        if self.max_concurrent != AUTO and _positive_int(self.max_concurrent) is None:
-            raise ValueError(
-                f"`SerializedLoading(max_concurrent={self.max_concurrent!r})`: expected a positive int or {AUTO!r}."
-            )
+        if _positive_int(self.max_concurrent) is None:
+            raise ValueError(f"`SerializedLoading(max_concurrent={self.max_concurrent!r})`: expected a positive int.")
         if self.reader not in READERS:
             raise ValueError(f"`SerializedLoading(reader={self.reader!r})`: expected one of {', '.join(READERS)}.")
         for name in ("turn_timeout", "heartbeat_timeout")[: 1 if self.heartbeat_timeout is None else 2]:
@@ -68,41 +55,25 @@ class SerializedLoading:
             )
         if self.tmpdir is not None and not isinstance(self.tmpdir, (str, os.PathLike)):
             raise ValueError(f"`SerializedLoading(tmpdir={self.tmpdir!r})`: expected a directory path or None.")
-        memory = self.available_memory
-        if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory < 0):
-            raise ValueError(
-                f"`SerializedLoading(available_memory={memory!r})`: expected a number of bytes (an int >= 0) or None."
-            )
 
 
 def settings_of(value: object, owner: str = "Trainer", **overrides: Any) -> SerializedLoading | None:
     """The :class:`SerializedLoading` that ``value`` stands for, with ``overrides`` replaced; ``None`` for ``False``.
-    Raises ``ValueError`` quoting ``value`` and ``owner`` (``"Trainer"`` or ``"Fabric"``) for any other value, and
-    ``ModuleNotFoundError`` when ``"auto"`` would measure the memory available without psutil."""
+    Raises ``ValueError`` quoting ``value`` and ``owner`` (``"Trainer"`` or ``"Fabric"``) for any other value."""
     if value is False:
         return None
     if isinstance(value, SerializedLoading):
         settings = value
     elif value is True:
         settings = SerializedLoading()
-    elif value == AUTO:
-        settings = SerializedLoading(max_concurrent=AUTO)
     elif (k := _positive_int(value)) is not None:
         settings = SerializedLoading(max_concurrent=k)
     else:
         raise ValueError(
             f"`{owner}(serialized_checkpoint_loading={value!r})` is not supported. Accepted values: `False`, `True`,"
-            ' a positive int (the most local ranks of a node that restore at once), `"auto"` (chosen from the memory'
-            " available) or a `SerializedLoading(...)`."
+            " a positive int (the most local ranks of a node that restore at once) or a `SerializedLoading(...)`."
         )
-    if overrides:
-        settings = dataclasses.replace(settings, **overrides)
-    if settings.max_concurrent == AUTO and settings.available_memory is None and not PSUTIL_AVAILABLE:
-        raise ModuleNotFoundError(
-            f"`{owner}(serialized_checkpoint_loading={value!r})` measures the memory available with psutil:"
-            f" {PSUTIL_AVAILABLE}. Or give it: `SerializedLoading(max_concurrent='auto', available_memory=...)`."
-        )
-    return settings
+    return dataclasses.replace(settings, **overrides) if overrides else settings
 
 
 def _positive_int(value: object) -> int | None:
@@ -119,7 +90,6 @@ ENVIRONMENT_OVERRIDES = {
     "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT": "heartbeat_timeout",
     "SERIALIZED_RESTORE_READER": "reader",
     "SERIALIZED_RESTORE_TMPDIR": "tmpdir",
-    "SERIALIZED_RESTORE_AVAILABLE_MEMORY": "available_memory",
 }
 
 
@@ -135,25 +105,17 @@ def options_from(value: object, owner: str = "Trainer") -> SerializedLoading | N
     return settings_of(value, owner, **overrides)
 
 
-_EXPECTED = {
-    "reader": f"one of {', '.join(READERS)}",
-    "available_memory": "a number of bytes (>= 0), e.g. 17179869184",
-    "turn_timeout": "a positive number of seconds, e.g. 600",
-}
-
-
 def _parse(name: str, field: str, raw: str) -> Any:
     """The value of the variable ``name`` for ``field``; a ``ValueError`` quoting it and what is expected."""
     if field == "tmpdir":
         return raw
     if field == "reader":
-        value: Any = raw.lower()
-        if value in READERS:
-            return value
-    with contextlib.suppress(ValueError):
-        if field == "available_memory" and (value := int(float(raw))) >= 0:
-            return value
-        if field.endswith("timeout") and (value := float(raw)) > 0:
-            return value
-    expected = _EXPECTED.get(field, _EXPECTED["turn_timeout"])
+        if raw.lower() in READERS:
+            return raw.lower()
+        expected = f"one of {', '.join(READERS)}"
+    else:
+        with contextlib.suppress(ValueError):
+            if (seconds := float(raw)) > 0:
+                return seconds
+        expected = "a positive number of seconds, e.g. 600"
     raise ValueError(f"`{name}={raw!r}` is not supported: expected {expected}.")

@@ -1,15 +1,10 @@
 """How a restore runs, decided once on every rank for the Trainer and Fabric alike (``docs/design.md``, *Strategies*):
-the strategy's path, the node-local copy of a remote file, the reader and ``k`` (for ``"auto"``: chosen by local rank 0
-of each node from the memory available)."""
+the strategy's path, the node-local copy of a remote file, the reader and ``k``."""
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import json
 import logging
-import math
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -17,10 +12,9 @@ import torch.distributed as dist
 
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, checkpoint_kind, upstream_reason
-from serialized_restore._memory import format_bytes
-from serialized_restore._options import AUTO, AVAILABLE_MEMORY_SETTING, READER_SETTING, SerializedLoading
+from serialized_restore._options import SerializedLoading
 from serialized_restore._placement import RankPlacement
-from serialized_restore._readers import choose_reader, local_path
+from serialized_restore._readers import choose_reader
 from serialized_restore._turns import TurnSchedule
 
 # the methods through which a strategy restores: a subclass that overrides one may run collectives there
@@ -28,13 +22,6 @@ RESTORE_METHODS = {
     "Trainer": ("load_checkpoint", "load_model_state_dict", "load_optimizer_state_dict"),
     "Fabric": ("load_checkpoint", "load_module_state_dict"),
 }
-STAGE_PLAN = "plan restore"
-SAFETY_MARGIN = 0.2
-"""``"auto"``: the fraction of the available memory left untouched by the estimate."""
-MMAP_PRIVATE_FRACTION = 0.1
-"""``"auto"``: the private memory one memory-mapped turn is assumed to need, as a fraction of the checkpoint's size:
-what hooks or dtype conversions copy (the file's pages are shared, reclaimable page cache; optimizer state copied out
-is kept for training anyway)."""
 
 
 class StrategyPath(enum.Enum):
@@ -132,67 +119,5 @@ def plan_restore(
     if fetch is not None:
         plan.source = fetch(plan)
     plan.reader, plan.reason = choose_reader(strategy, plan.source, settings.reader)
-    plan.k = decide_k(plan, owner_name)
+    plan.k = int(settings.max_concurrent)
     return plan
-
-
-def plan_auto(
-    checkpoint_size: int, reader: str, local_world_size: int, available_memory: int | None
-) -> tuple[int, str]:
-    """(local rank 0 of each node) ``k`` in ``[1, local_world_size]`` (0: not one turn fits), and the figures used."""
-    if available_memory is not None:
-        available, source = available_memory, "given"
-    else:
-        # settings_of refused "auto" without psutil and without a memory figure already
-        import psutil
-
-        available, source = int(psutil.virtual_memory().available), "psutil"
-    need = checkpoint_size if reader == "eager" else math.ceil(MMAP_PRIVATE_FRACTION * checkpoint_size)
-    k = local_world_size if need == 0 else min(local_world_size, int(available * (1 - SAFETY_MARGIN) // need))
-    how = "memory-mapped" if reader == "mmap" else "eagerly"
-    figures = (
-        f"{format_bytes(available)} available ({source}), {SAFETY_MARGIN:.0%} kept as margin;"
-        f" one turn needs about {format_bytes(need)}"
-        f" (checkpoint {format_bytes(checkpoint_size)}, read {how}); {local_world_size} local ranks"
-    )
-    return max(k, 0), figures
-
-
-def decide_k(plan: RestorePlan, owner: str) -> int:
-    """(all ranks) ``k`` as given, or as local rank 0 of the node chose it for ``"auto"`` (the others wait for it as for
-    a turn); ``MemoryError`` when not even one rank fits."""
-    settings, placement, reader, logger = plan.settings, plan.placement, plan.reader, plan.log
-    if settings.max_concurrent != AUTO:
-        return int(settings.max_concurrent)
-    size = os.path.getsize(local) if (local := local_path(plan.source)) and os.path.isfile(local) else 0
-    path = plan.checkpoint_path
-
-    def decide() -> str:
-        return json.dumps(plan_auto(size, reader, placement.local_world_size, settings.available_memory))
-
-    decision = plan.schedule().on_one_rank(STAGE_PLAN, decide, central=placement.local_rank == 0, per_node=True)
-    k, figures = parse_plan(decision or "")
-    if placement.local_rank == 0:
-        logger.info(f'serialized restore: "auto" chose k={k} for node {placement.node_rank}: {figures}')
-    if k < 1:
-        raise MemoryError(
-            f'`{owner}(serialized_checkpoint_loading="auto")` found that not even one rank of node'
-            f" {placement.node_rank} can restore {str(path)!r} in the memory available ({figures})."
-            + (
-                " Free memory, let it be read memory-mapped (a local checkpoint in torch's zip format, read by the"
-                f" stock TorchCheckpointIO, and {READER_SETTING} not `eager`),"
-                if reader == "eager"
-                else " Free memory,"
-            )
-            + f" or set {AVAILABLE_MEMORY_SETTING} if the estimate is wrong."
-        )
-    return int(k)
-
-
-def parse_plan(text: str) -> tuple[int, str]:
-    """``[k, figures]`` as local rank 0 wrote it to the store; ``ValueError`` for anything else."""
-    with contextlib.suppress(TypeError, ValueError):
-        k, figures = json.loads(text)
-        if type(k) is int and isinstance(figures, str):
-            return k, figures
-    raise ValueError(f'"auto" read a malformed decision from the job\'s store: {text[:200]!r}')

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from typing import Any, Callable, ClassVar, Literal, Union
+from typing import Any, Callable, ClassVar, Union
 
 from serialized_restore._compat import check_supported
 from serialized_restore._connector import _SerializedCheckpointConnectorMixin
@@ -14,7 +14,7 @@ from serialized_restore._options import SerializedLoading, options_from
 
 # `int`, not jsonargparse's PositiveInt: importing jsonargparse would cost every process 0.1 s; a count below 1 from
 # LightningCLI is refused when the Trainer is built, as from code
-SerializedCheckpointLoading = Union[bool, int, Literal["auto"], SerializedLoading]
+SerializedCheckpointLoading = Union[bool, int, SerializedLoading]
 """The type of ``Trainer(serialized_checkpoint_loading=...)``."""
 
 _PARAMETER = "serialized_checkpoint_loading"
@@ -26,8 +26,7 @@ class SerializedRestoreTrainerMixin:
     Args:
         serialized_checkpoint_loading: ``False`` (default) restores exactly as upstream. ``True``: the local ranks
             of each node restore one at a time, nodes in parallel, each freeing what it no longer needs as soon as
-            it is restored. A positive int ``k``: at most ``k`` local ranks of a node restore at once. ``"auto"``:
-            ``k`` is chosen per node from the memory available when the restore starts. A
+            it is restored. A positive int ``k``: at most ``k`` local ranks of a node restore at once. A
             :class:`~serialized_restore.SerializedLoading` sets every setting in one typed object.
     """
 

@@ -100,7 +100,7 @@ def test_fabric_program_resumes_in_turns(tmp_path: Path) -> None:
 
 
 def test_lightning_cli_resumes_in_turns(tmp_path: Path, trainer_checkpoint: Path) -> None:
-    """A `LightningCLI` script, `fit --ckpt_path` on 2 ranks, with `--auto`: the parser's default is the launcher's."""
+    """A `LightningCLI` script, `fit --ckpt_path` on 2 ranks, with `--k 2`: the parser's default is the launcher's."""
     pytest.importorskip("jsonargparse")
     command = [
         sys.executable,
@@ -112,10 +112,8 @@ def test_lightning_cli_resumes_in_turns(tmp_path: Path, trainer_checkpoint: Path
         "--trainer.strategy=ddp",
         "--trainer.max_steps=3",
     ]
-    plain, launched = _resume_both_ways(command, tmp_path, ["--auto"])
-    announced = (
-        f"serialized restore: Trainer(serialized_checkpoint_loading='auto') {LAUNCHED} (SERIALIZED_RESTORE=auto)"
-    )
+    plain, launched = _resume_both_ways(command, tmp_path, ["--k", "2"])
+    announced = f"serialized restore: Trainer(serialized_checkpoint_loading=2) {LAUNCHED} (SERIALIZED_RESTORE=2)"
     _assert_launched_like_upstream(tmp_path, plain, launched, announced)
 
 
@@ -160,11 +158,11 @@ def test_program_value_wins_and_is_logged(tmp_path: Path) -> None:
         "fabric = L.Fabric(accelerator='cpu', serialized_checkpoint_loading=2)\n"
         "print('kept:', fabric._serialized_settings.max_concurrent)"
     )
-    launched = _run([*LAUNCHER, "--auto", "--", sys.executable, "-c", code], tmp_path)
+    launched = _run([*LAUNCHER, "--k", "3", "--", sys.executable, "-c", code], tmp_path)
     assert "kept: 2" in launched
     assert (
-        "serialized restore: the program builds Fabric(serialized_checkpoint_loading=2) itself, which wins over 'auto'"
-        " set by `serialized-restore run` (SERIALIZED_RESTORE=auto)" in launched
+        "serialized restore: the program builds Fabric(serialized_checkpoint_loading=2) itself, which wins over 3 set"
+        " by `serialized-restore run` (SERIALIZED_RESTORE=3)" in launched
     ), launched[-6000:]
 
 
@@ -174,7 +172,7 @@ def test_unknown_value_is_a_clear_error_where_lightning_is_imported(tmp_path: Pa
     bad = [*LAUNCHER, "--", "env", "SERIALIZED_RESTORE=yes", sys.executable, "-c"]
     failed = _run([*bad, "import lightning.pytorch"], tmp_path, expect_ok=False)
     assert "ValueError: `SERIALIZED_RESTORE='yes'` is not supported. Accepted values: `1`" in failed, failed[-6000:]
-    assert "`auto`" in failed and "Error in sitecustomize" not in failed
+    assert "a positive int k" in failed and "Error in sitecustomize" not in failed
     assert _run([*bad, "print('ran')"], tmp_path) == "ran\n"
 
 

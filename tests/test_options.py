@@ -10,39 +10,15 @@ from serialized_restore._options import ENVIRONMENT_OVERRIDES, options_from, set
 from serialized_restore.lightning import Trainer as UnifiedTrainer
 
 
-@pytest.mark.parametrize(
-    ("value", "expected"), [(True, 1), (1, 1), (2, 2), (64, 64), (np.int64(3), 3), ("auto", "auto")]
-)
+@pytest.mark.parametrize(("value", "expected"), [(True, 1), (1, 1), (2, 2), (64, 64), (np.int64(3), 3)])
 def test_accepted_values(value: object, expected: object) -> None:
-    """True means one rank at a time, a positive int bounds concurrent ranks, "auto" chooses k at restore time: each
-    stands for the settings object with that `max_concurrent`; False turns the option off."""
+    """True means one rank at a time, a positive int bounds concurrent ranks: each stands for the settings object with
+    that `max_concurrent`; False turns the option off."""
     assert settings_of(value) == SerializedLoading(max_concurrent=expected)  # type: ignore[arg-type]
     assert settings_of(False) is None
 
 
-def test_auto_without_psutil_is_refused_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where psutil is not installed (Lightning does not require it), "auto" needs a memory figure: without one,
-    `Trainer(...)` raises ModuleNotFoundError with the install hint; with one, or for any other value, psutil is
-    not needed."""
-    from lightning_utilities.core.imports import RequirementCache
-
-    import serialized_restore._options as options
-
-    monkeypatch.setattr(options, "PSUTIL_AVAILABLE", RequirementCache("psutil-not-installed"))
-    with pytest.raises(
-        ModuleNotFoundError,
-        match=r"`Trainer\(serialized_checkpoint_loading='auto'\)` measures.*"
-        r"pip install",
-    ):
-        Trainer(serialized_checkpoint_loading="auto", logger=False)
-    assert settings_of(True) == SerializedLoading()
-    given = SerializedLoading(max_concurrent="auto", available_memory=2**34)
-    assert settings_of(given) is given
-    monkeypatch.setenv("SERIALIZED_RESTORE_AVAILABLE_MEMORY", str(2**34))
-    assert Trainer(serialized_checkpoint_loading="auto", logger=False).serialized_checkpoint_loading == "auto"
-
-
-@pytest.mark.parametrize("value", [0, -1, 1.0, 2.5, "yes", "True", "AUTO", None, [1]])
+@pytest.mark.parametrize("value", [0, -1, 1.0, 2.5, "yes", "True", "auto", None, [1]])
 def test_rejected_values_raise_at_construction(value: object) -> None:
     """Anything else raises ValueError at `Trainer(...)`, quoting the value and listing what is accepted."""
     for trainer_cls in (Trainer, UnifiedTrainer):
@@ -59,16 +35,13 @@ def test_rejected_values_raise_at_construction(value: object) -> None:
         ("SERIALIZED_RESTORE_TURN_TIMEOUT", "-5", "expected a positive number of seconds"),
         ("SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT", "nan", "expected a positive number of seconds"),
         ("SERIALIZED_RESTORE_READER", "lazy", "expected one of auto, mmap, eager"),
-        ("SERIALIZED_RESTORE_AVAILABLE_MEMORY", "lots", "expected a number of bytes"),
-        ("SERIALIZED_RESTORE_AVAILABLE_MEMORY", "-1", "expected a number of bytes"),
     ],
 )
 def test_bad_environment_settings_raise(monkeypatch: pytest.MonkeyPatch, name: str, raw: str, fragment: str) -> None:
     """A malformed setting in the environment is refused at construction with the variable and its value."""
     monkeypatch.setenv(name, raw)
     with pytest.raises(ValueError, match=fragment) as info:
-        value = "auto" if name == "SERIALIZED_RESTORE_AVAILABLE_MEMORY" else True
-        Trainer(serialized_checkpoint_loading=value, logger=False)
+        Trainer(serialized_checkpoint_loading=True, logger=False)
     assert f"`{name}={raw!r}` is not supported" in str(info.value)
 
 
@@ -80,11 +53,9 @@ def test_environment_settings_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (defaults.turn_timeout, defaults.heartbeat_timeout, defaults.reader) == (1800.0, None, "auto")
     monkeypatch.setenv("SERIALIZED_RESTORE_TURN_TIMEOUT", "12.5")
     monkeypatch.setenv("SERIALIZED_RESTORE_READER", "Eager")
-    monkeypatch.setenv("SERIALIZED_RESTORE_AVAILABLE_MEMORY", "1024")
     parsed = options_from(2)
     assert parsed is not None and parsed.max_concurrent == 2
     assert (parsed.turn_timeout, parsed.heartbeat_timeout, parsed.reader) == (12.5, None, "eager")
-    assert parsed.available_memory == 1024
     assert Trainer(serialized_checkpoint_loading=2, logger=False)._checkpoint_connector._settings == parsed
     assert settings_of(2) == SerializedLoading(max_concurrent=2)
 
@@ -113,9 +84,9 @@ def test_settings_object_is_accepted_and_returned_as_given() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "fragment"),
     [
-        ("max_concurrent", 0, "expected a positive int or 'auto'"),
-        ("max_concurrent", "AUTO", "expected a positive int or 'auto'"),
-        ("max_concurrent", True, "expected a positive int or 'auto'"),
+        ("max_concurrent", 0, "expected a positive int"),
+        ("max_concurrent", "auto", "expected a positive int"),
+        ("max_concurrent", True, "expected a positive int"),
         ("reader", "lazy", "expected one of auto, mmap, eager"),
         ("turn_timeout", 0, "expected a positive number of seconds"),
         ("heartbeat_timeout", "60", "expected a positive number of seconds"),
@@ -156,7 +127,6 @@ def test_environment_overrides_the_settings_object(monkeypatch: pytest.MonkeyPat
     assert parsed is not None and (parsed.turn_timeout, parsed.reader, parsed.tmpdir) == (30.0, "mmap", "/from/env")
     assert settings_of(settings) is settings and settings.tmpdir == "/from/code"
     assert sorted(ENVIRONMENT_OVERRIDES) == [
-        "SERIALIZED_RESTORE_AVAILABLE_MEMORY",
         "SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT",
         "SERIALIZED_RESTORE_READER",
         "SERIALIZED_RESTORE_TMPDIR",

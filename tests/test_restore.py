@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from tests.helpers.checks import assert_same, assert_training_state_equal, max_concurrent, run_ok, turn_intervals
-from tests.helpers.launch import run_job
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -179,48 +178,3 @@ def test_special_paths_best_last_hpc(tmp_path: Path, reference: dict[str, Any]) 
         assert_same(call["params"], expected, call["ckpt_path"])
         assert len(call["module_records"]) == 1
         assert any("turn for 'restore modules and callbacks' ended" in m for _, m in call["turn_log"])
-
-
-def test_auto_chooses_k_per_node_from_available_memory(tmp_path: Path, reference: dict[str, Any]) -> None:
-    """ "auto" with room for one eager turn runs turns one at a time, and logs its choice with the figures."""
-    size = Path(reference["ckpt"]).stat().st_size
-    result = run_ok(
-        {
-            "trainer": "ours",
-            "serialized": {"max_concurrent": "auto", "reader": "eager", "available_memory": int(1.5 * size / 0.8)},
-            "out": str(tmp_path),
-            "entry": "validate",
-            "ckpt_path": reference["ckpt"],
-        },
-    )
-    stages = turn_intervals(result.ranks)
-    # local rank 0 decides in an exchange of its own (no turns, not logged as turns); the restore follows in turns
-    assert "plan restore" not in stages and "restore modules and callbacks" in stages
-    for stage, intervals in stages.items():
-        assert max_concurrent(intervals) == 1, stage
-    decision = [m for _, m in result.ranks[0]["turn_log"] if '"auto" chose' in m]
-    assert len(decision) == 1 and "k=1 for node 0" in decision[0] and "available (given)" in decision[0]
-
-
-def test_auto_refuses_before_starting_when_one_turn_does_not_fit(tmp_path: Path, reference: dict[str, Any]) -> None:
-    """When not even one turn fits, every rank raises MemoryError with the figures, before any turn starts."""
-    size = Path(reference["ckpt"]).stat().st_size
-    result = run_job(
-        {
-            "trainer": "ours",
-            "serialized": {"max_concurrent": "auto", "reader": "eager", "available_memory": size // 2},
-            "out": str(tmp_path),
-            "entry": "validate",
-            "ckpt_path": reference["ckpt"],
-        },
-        timeout=120,
-    )
-    assert result.returncode != 0
-    assert sorted(result.errors) == [0, 1], result.output[-4000:]
-    for rank, error in result.errors.items():
-        assert error["type"] == "MemoryError", f"rank {rank}"
-        message = error["message"]
-        assert "not even one rank of node 0" in message and "available (given)" in message
-        assert "0.00 GiB" not in message and "memory-mapped" in message  # read eagerly here: the advice says so
-    # only local rank 0's decision ran; no rank started reading the checkpoint
-    assert "turn for 'restore modules and callbacks'" not in result.output

@@ -157,7 +157,7 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
             time.sleep(60)
         decide = scenario.get("decide")
         if decide is not None:
-            # as "auto" plans a restore: local rank 0 of each node decides, its node's ranks take its value
+            # as a remote checkpoint is fetched: local rank 0 of each node decides, its node's ranks take its value
             def _decision() -> str:
                 if str(rank) in decide:
                     _misbehave(decide[str(rank)], rank, out_dir)
@@ -478,8 +478,8 @@ def test_ctrl_c_ends_a_waiting_rank_at_once(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_each_node_takes_its_local_rank_zeros_decision(tmp_path):
-    """``on_one_rank(..., per_node=True)`` (what "auto" plans with): every rank of a node gets the value its local rank
-    0 computed."""
+    """``on_one_rank(..., per_node=True)`` (how a remote checkpoint's per-node fetch is decided): every rank of a node
+    gets the value its local rank 0 computed."""
     result = _run(tmp_path, 4, {"local_world_size": 2, "decide": {}}, timeout=40)
     assert not result["hung"] and sorted(result["ranks"]) == [0, 1, 2, 3], result
     for rank, outcome in result["ranks"].items():
