@@ -12,8 +12,8 @@ ranks' markers, an exact comparison of what each rank restored with the checkpoi
    stops with exit code 3 and says so.
 2. **checkpoint**: the benchmark MLP trained 3 Adam steps on one device and saved by ``trainer.save_checkpoint``
    (on GPU its storages are tagged ``cuda:0``).
-3. **Trainer**, N = 1, ``fit`` and ``validate``: ``baseline`` (no checkpoint), ``upstream``, ``ours-true`` (memory
-   mapped) and ``ours-true-eager`` (the eager reader).
+3. **Trainer**, N = 1, ``fit`` and ``validate`` (on CPU ``fit`` only): ``baseline`` (no checkpoint), ``upstream``,
+   ``ours-true`` (memory mapped) and ``ours-true-eager`` (the eager reader).
 4. **Fabric**, N = 1, ``fabric.load(path, {"model", "optimizer", "step"})``: the same four.
 5. With N >= 2 devices (every visible GPU; 2 ranks on CPU): DDP ``fit`` with N ranks, ``ours-true``, whose turns
    must follow one another, and FSDP ``fit`` from a full checkpoint (on GPU saved by Lightning's ``FSDPStrategy``
@@ -26,7 +26,8 @@ Checks, each of which fails the run (exit code 1):
 * memory (N = 1), S the checkpoint's size: ``ours-true`` and ``fabric-ours`` add at most 0.1 x S of host anonymous
   memory above their baseline (net of the optimizer state the ranks keep in host memory for training, which on GPU is
   none), and ``upstream`` and ``fabric-upstream`` add at least 0.5 x S (upstream holds the whole checkpoint in host
-  memory: if the measurement does not see that copy, it cannot see ours either);
+  memory: if the measurement does not see that copy, it cannot see ours either; a job of upstream's whose peak was
+  missed, a tenth of a second on a busy host, is measured again, up to 3 times);
 * the log says the file was read memory-mapped (the memory-mapped modes), eagerly (the eager modes), and for FSDP that
   the full checkpoint was memory-mapped;
 * with N ranks, each rank's turn of the first stage starts after its predecessor's has ended.
@@ -67,6 +68,7 @@ DEPTH = 8
 JOB_TIMEOUT = 120.0
 BUDGET = 450.0
 MIN_JOB_SECONDS = 15.0
+UPSTREAM_MEMORY_ATTEMPTS = 3  # upstream's memory floor, measured again when its short peak was missed
 PREFLIGHT_SECONDS = 5.0
 OURS_AT_MOST = 0.1
 UPSTREAM_AT_LEAST = 0.5  # of the copy upstream holds: a sampler on a busy machine may miss the top of its peak
@@ -184,7 +186,8 @@ def preflight(accelerator: str) -> tuple[bool, str]:
 def plan(accelerator: str, ranks: int) -> list[Job]:
     """Every job of the run, in the order it runs (the most telling first, so a short budget still shows them)."""
     jobs = [Job("checkpoint", "checkpoint", needs="")]
-    for entry in ("fit", "validate"):
+    # on CPU, a rehearsal of the device run inside the test suite: `validate` (what the suite covers) on GPU only
+    for entry in ("fit", "validate") if accelerator == "gpu" else ("fit",):
         for mode in ("baseline", "upstream", "ours-true", "ours-true-eager"):
             jobs.append(Job(f"n1-{entry}-{mode}", "restore", mode, entry))
     for mode in ("fabric-baseline", "fabric-upstream", "fabric-ours", "fabric-ours-eager"):
@@ -248,22 +251,30 @@ class Run:
                 job.status = "passed"
             else:
                 checkpoint = self.checkpoints[job.needs]
-                result = _measure.measure_restore(
-                    mode=job.mode,
-                    entry=job.entry,
-                    devices=job.devices,
-                    checkpoint=checkpoint,
-                    run_dir=self.args.out / "runs" / job.name,
-                    timeout=timeout,
-                    accelerator=self.args.accelerator,
-                    strategy=job.strategy,
-                ).as_dict()
-                result.pop("timeline", None)
-                job.cell = result
-                job.checks = checks_of(job, self.jobs, checkpoint.size_bytes)
-                failed = [c["name"] for c in job.checks if not c["ok"]]
+                attempts = 0
+                while True:
+                    attempts += 1
+                    result = _measure.measure_restore(
+                        mode=job.mode,
+                        entry=job.entry,
+                        devices=job.devices,
+                        checkpoint=checkpoint,
+                        run_dir=self.args.out / "runs" / job.name,
+                        timeout=max(1.0, timeout - (time.monotonic() - started)),
+                        accelerator=self.args.accelerator,
+                        strategy=job.strategy,
+                    ).as_dict()
+                    result.pop("timeline", None)
+                    job.cell = result
+                    job.checks = checks_of(job, self.jobs, checkpoint.size_bytes)
+                    failed = [c["name"] for c in job.checks if not c["ok"]]
+                    # upstream's floor checks the measurement, not the project: a sampler starved on a busy host can
+                    # miss a peak of a tenth of a second, so upstream alone is measured again
+                    if failed != ["memory"] or "upstream" not in job.mode or attempts == UPSTREAM_MEMORY_ATTEMPTS:
+                        break
                 job.status = "failed" if failed else "passed"
                 job.detail = f"failed: {', '.join(failed)}" if failed else ""
+                job.detail += f" (measured {attempts} times)" if attempts > 1 else ""
         except Exception as err:  # a job that fails or times out is a result, not the end of the run
             job.status = "error"
             job.detail = str(err).splitlines()[0] if str(err) else type(err).__name__

@@ -12,6 +12,7 @@ with a real limit instead of a figure. It puts every measured job (all its ranks
 
     python benchmarks/memory_limit.py             # 40M parameters, N = 4 (about 2 minutes): docs/memory_limit.md
     python benchmarks/memory_limit.py --no-docs   # the same, printed only
+    python benchmarks/memory_limit.py --ours-only # the job without a checkpoint and ours only (the test suite's)
 
 Needs root and a writable cgroup-v1 memory controller (``/sys/fs/cgroup/memory``); without one it prints one line
 saying so and exits 0. Swap is not counted (``memory.swappiness`` 0 in the cgroup, and ``memsw`` limited too where
@@ -116,7 +117,7 @@ class MemoryCgroup:
         (self.path / "cgroup.procs").write_text(str(os.getpid()))
 
 
-def run(out_dir: Path) -> dict[str, Any]:
+def run(out_dir: Path, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
     checkpoint, _ = _measure.create_checkpoint(out_dir / "checkpoints", PARAMS, DEPTH)
     _measure.warm_page_cache(checkpoint.path)
     size = checkpoint.size_bytes
@@ -143,7 +144,7 @@ def run(out_dir: Path) -> dict[str, Any]:
         baseline = job("baseline")
         limit = int(baseline["peak"] + HEADROOM * size)
         cgroup.set_limit(limit)
-        rows = [baseline] + [job(mode) for mode in MODES]
+        rows = [baseline] + [job(mode) for mode in modes]
     return {"checkpoint": {"params": checkpoint.params, "size_bytes": size}, "rows": rows, "limit": limit}
 
 
@@ -199,13 +200,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument(
         "--docs", action=argparse.BooleanOptionalAction, default=True, help="write docs/memory_limit.md"
     )
+    parser.add_argument(
+        "--ours-only",
+        action="store_true",
+        help="skip upstream's resume (the test suite's smoke run; implies --no-docs)",
+    )
     args = parser.parse_args(argv)
+    args.docs = args.docs and not args.ours_only
     why = cgroup_unavailable()
     if why is not None:
         print(f"memory_limit: skipped: {why}")
         return 0
-    results = run(args.output_dir)
-    command = "python benchmarks/memory_limit.py" + ("" if args.docs else " --no-docs")
+    results = run(args.output_dir, ("ours-true",) if args.ours_only else MODES)
+    command = "python benchmarks/memory_limit.py" + (
+        " --ours-only" if args.ours_only else "" if args.docs else " --no-docs"
+    )
     text = report(results, command)
     print(text)
     if args.docs:

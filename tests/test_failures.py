@@ -304,7 +304,7 @@ def test_rank_zero_killed_in_its_turn_ends_a_ddp_job(tmp_path, checkpoint_dir):
 @pytest.mark.parametrize(
     ("fault", "failed"),
     [
-        ({"rank": 1, "in": "sleep", "seconds": 9.0}, 1),
+        ({"rank": 1, "in": "sleep", "seconds": 6.5}, 1),
         ({"rank": 1, "in": "stop"}, 1),
         ({"rank": "all", "in": "collective"}, 0),
     ],
@@ -458,7 +458,7 @@ def test_bad_input_is_refused_on_every_rank(tmp_path, trained_checkpoint):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize(("bad", "world"), [("missing", 2), ("rank raising", 2), ("random bytes", 4)])
+@pytest.mark.parametrize(("bad", "world"), [("missing", 2), ("rank raising", 2), ("random bytes", 3)])
 def test_a_failed_restore_prints_no_more_than_upstream(tmp_path, trained_checkpoint, bad, world):
     """A job whose resume fails, nothing caught (``benchmarks/failure_output.py`` has every case at 2 and 4 ranks):
     the add-on's output has no more lines than upstream's for the same failure, in the same run; each rank's log

@@ -466,7 +466,7 @@ def test_waiting_writes_nothing_to_stderr(tmp_path):
 def test_ctrl_c_ends_a_waiting_rank_at_once(tmp_path):
     """SIGINT to a rank blocked waiting for its turn ends that process at once (its turn was seconds away), not
     when its wait returns; its successor then names it at the turn timeout."""
-    scenario = {"actions": {"0": "sleep:6"}, "interrupt": {"1": 1.0}, "silent": [1], "turn_timeout": 10.0}
+    scenario = {"actions": {"0": "sleep:3"}, "interrupt": {"1": 1.0}, "silent": [1], "turn_timeout": 4.0}
     began = time.time()
     result = _run(tmp_path, 3, scenario, timeout=40)
     assert result["exitcodes"][1] == -signal.SIGINT, result["exitcodes"]
