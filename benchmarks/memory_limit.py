@@ -12,7 +12,7 @@ with a real limit instead of a figure. It puts every measured job (all its ranks
 
     python benchmarks/memory_limit.py             # 40M parameters, N = 4 (about 2 minutes): docs/memory_limit.md
     python benchmarks/memory_limit.py --no-docs   # the same, printed only
-    python benchmarks/memory_limit.py --ours-only # the job without a checkpoint and ours only (the test suite's)
+    python benchmarks/memory_limit.py --ours-only --params 20000000  # without upstream's resume (the suite's)
 
 Needs root and a writable cgroup-v1 memory controller (``/sys/fs/cgroup/memory``); without one it prints one line
 saying so and exits 0. Swap is not counted (``memory.swappiness`` 0 in the cgroup, and ``memsw`` limited too where
@@ -117,8 +117,8 @@ class MemoryCgroup:
         (self.path / "cgroup.procs").write_text(str(os.getpid()))
 
 
-def run(out_dir: Path, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
-    checkpoint, _ = _measure.create_checkpoint(out_dir / "checkpoints", PARAMS, DEPTH)
+def run(out_dir: Path, modes: tuple[str, ...] = MODES, params: int = PARAMS) -> dict[str, Any]:
+    checkpoint, _ = _measure.create_checkpoint(out_dir / "checkpoints", params, DEPTH)
     _measure.warm_page_cache(checkpoint.path)
     size = checkpoint.size_bytes
     rows: list[dict[str, Any]] = []
@@ -205,16 +205,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         action="store_true",
         help="skip upstream's resume (the test suite's smoke run; implies --no-docs)",
     )
+    parser.add_argument("--params", type=int, default=PARAMS, help=f"the MLP's parameters (default {PARAMS:,})")
     args = parser.parse_args(argv)
-    args.docs = args.docs and not args.ours_only
+    args.docs = args.docs and not args.ours_only and args.params == PARAMS
     why = cgroup_unavailable()
     if why is not None:
         print(f"memory_limit: skipped: {why}")
         return 0
-    results = run(args.output_dir, ("ours-true",) if args.ours_only else MODES)
-    command = "python benchmarks/memory_limit.py" + (
-        " --ours-only" if args.ours_only else "" if args.docs else " --no-docs"
-    )
+    results = run(args.output_dir, ("ours-true",) if args.ours_only else MODES, args.params)
+    command = " ".join(["python benchmarks/memory_limit.py", *(sys.argv[1:] if argv is None else argv)])
     text = report(results, command)
     print(text)
     if args.docs:

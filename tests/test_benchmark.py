@@ -42,7 +42,8 @@ def test_resume_under_a_memory_limit(tmp_path: Path) -> None:
     """Under a cgroup memory limit with room for one more checkpoint copy than the job needs without one, the
     serialized resume finishes, exact (`memory_limit.py` exits non-zero otherwise); skipped, with its own reason,
     where no memory cgroup can be made. Upstream's resume, which the limit kills, is the benchmark's, not run here."""
-    result = _run(["benchmarks/memory_limit.py", "--ours-only", "--output-dir", str(tmp_path)], timeout=540)
+    args = ["--ours-only", "--params", "20000000", "--output-dir", str(tmp_path)]
+    result = _run(["benchmarks/memory_limit.py", *args], timeout=540)
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     if result.stdout.startswith("memory_limit: skipped:"):
         pytest.skip(result.stdout.strip())

@@ -102,10 +102,17 @@ _SWITCHED = (
 )
 
 
-def _switch(python: str, cwd: Path) -> str:
+# the same, short of importing Lightning: whether the start-up hook that replaces those classes is in place
+_HOOKED = (
+    "import sys\n"
+    "print('switched' if any(type(f).__name__ == '_LightningImportHook' for f in sys.meta_path) else 'upstream')\n"
+)
+
+
+def _switch(python: str, cwd: Path, code: str = _SWITCHED) -> str:
     env = {**os.environ, "SERIALIZED_RESTORE": "1"}
     env.pop("PYTHONPATH", None)
-    result = subprocess.run([python, "-c", _SWITCHED], capture_output=True, text=True, cwd=cwd, env=env)
+    result = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=cwd, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout.strip()
 
@@ -159,18 +166,27 @@ def test_the_variable_switches_it_on_in_an_editable_install_once_the_hook_is_ins
     python = str(venv / "bin" / "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    # torch and Lightning from this environment (a path line in a .pth), the package editable from the copy
+    # torch, Lightning and setuptools from this environment (a path line in a .pth; the venv's own older setuptools
+    # would shadow it), the package editable from the copy, built without an isolated build environment
     (Path(site) / "test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    install = [python, "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(tree)]
+    subprocess.run([python, "-m", "pip", "uninstall", "--quiet", "--yes", "setuptools"], check=True)
+    install = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(tree)]
     result = subprocess.run(install, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
     assert not (Path(site) / "serialized_restore.pth").exists()
-    assert _switch(python, tmp_path) == "upstream"
+    assert _switch(python, tmp_path, _HOOKED) == "upstream"
     command = str(venv / "bin" / "serialized-restore")
-    for action, expected in (("install", "switched"), ("install", "switched"), ("remove", "upstream")):
+
+    def hook(action: str) -> None:
         result = subprocess.run([command, "hook", action], capture_output=True, text=True)
         assert result.returncode == 0 and str(venv) in result.stdout, result.stdout + result.stderr
-        assert _switch(python, tmp_path) == expected, action
+
+    hook("install")
+    assert _switch(python, tmp_path) == "switched"  # through Lightning itself
+    hook("install")  # again: nothing changes
+    assert _switch(python, tmp_path, _HOOKED) == "switched"
+    hook("remove")
+    assert _switch(python, tmp_path, _HOOKED) == "upstream"
     assert not (Path(site) / "serialized_restore.pth").exists()
     # a file of that name that is not the package's is left alone
     (Path(site) / "serialized_restore.pth").write_text("# someone else's\n")

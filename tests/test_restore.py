@@ -114,22 +114,25 @@ def test_default_off_behaves_as_upstream(
         assert got["turn_log"] == [], f"rank {rank}"
 
 
-@pytest.mark.parametrize("entry", ["validate", "test", "predict"])
-def test_evaluation_entry_points(tmp_path: Path, reference: dict[str, Any], entry: str) -> None:
-    """validate/test/predict(ckpt_path=...) load the weights and keep no optimizer or scheduler state."""
-    result = run_ok(
-        {"trainer": "ours", "serialized": True, "out": str(tmp_path), "entry": entry, "ckpt_path": reference["ckpt"]}
-    )
+def test_evaluation_entry_points(tmp_path: Path, reference: dict[str, Any]) -> None:
+    """validate/test/predict(ckpt_path=...), one after another on one Trainer, each load the weights and keep no
+    optimizer or scheduler state."""
+    entries = ["validate", "test", "predict"]
+    calls = [[entry, reference["ckpt"]] for entry in entries]
+    result = run_ok({"trainer": "ours", "serialized": True, "out": str(tmp_path), "calls": calls})
     checkpoint = torch.load(reference["ckpt"], weights_only=True)
     assert sorted(result.ranks) == [0, 1]
-    for rank, got in result.ranks.items():
-        assert_same(got["params"], checkpoint["state_dict"], f"rank {rank}: params")
-        assert got["module_records"][0]["keys"] == sorted(checkpoint), f"rank {rank}: hook saw a partial dict"
-        view = got["stage2_view"]
-        assert "optimizer_states" not in view["keys"] and "lr_schedulers" not in view["keys"], f"rank {rank}"
-        assert sum(view["tensor_bytes"].values()) == 0, f"rank {rank}: tensors kept between stages: {view}"
-        # the second stage moves nothing outside fit: its ranks run it at once, and it is not logged as turns
-        assert set(turn_intervals({rank: got})) == {"restore modules and callbacks"}, f"rank {rank}"
+    for rank, last in result.ranks.items():
+        assert len(last["history"]) == len(entries), f"rank {rank}"
+        for entry, got in zip(entries, last["history"]):
+            where = f"{entry}, rank {rank}"
+            assert_same(got["params"], checkpoint["state_dict"], f"{where}: params")
+            assert got["module_records"][0]["keys"] == sorted(checkpoint), f"{where}: hook saw a partial dict"
+            view = got["stage2_view"]
+            assert "optimizer_states" not in view["keys"] and "lr_schedulers" not in view["keys"], where
+            assert sum(view["tensor_bytes"].values()) == 0, f"{where}: tensors kept between stages: {view}"
+            # the second stage moves nothing outside fit: its ranks run it at once, and it is not logged as turns
+            assert set(turn_intervals({rank: got})) == {"restore modules and callbacks"}, where
 
 
 @pytest.mark.parametrize(("devices", "k"), [(4, 2), (3, 1)])
