@@ -132,6 +132,10 @@ def main(config: dict[str, Any]) -> None:
         raise
     result.update(global_rank=fabric.global_rank, local_rank=fabric.local_rank, turn_log=log.lines)
     torch.save(result, out / f"rank{fabric.global_rank}.pt")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # as the Trainer's job does (job.py): the process group's threads stop here, not in the interpreter's teardown,
+        # where gloo and the store may meet already-destroyed objects (seen once under torchrun: SIGABRT at exit)
+        torch.distributed.destroy_process_group()
 
 
 def _run(fabric: Any, config: dict[str, Any]) -> dict[str, Any]:
