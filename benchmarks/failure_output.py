@@ -7,7 +7,7 @@ Each case is a 2- or 4-rank ``ddp`` job on CPU, started by Lightning's own launc
 ``trainer.fit(ckpt_path=...)`` fails in the restore with nothing caught (``tests/helpers/uncaught_job.py``): the output
 a user's terminal shows, stdout and stderr together, every rank. The cases: a path that does not exist, a checkpoint cut
 in half, 4 KiB of random bytes, and a sound checkpoint whose last rank raises in ``on_load_checkpoint``. Prints one row
-per case and N; the add-on's count should never exceed upstream's (``tests/test_failures.py`` pins three of them).
+per case and N; the add-on's count should never exceed upstream's (``tests/test_failures.py`` pins two of them).
 """
 
 from __future__ import annotations

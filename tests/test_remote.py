@@ -252,31 +252,6 @@ def test_truncated_download_fails_on_every_rank_and_leaves_nothing(
     assert list(fetch_dir.iterdir()) == []
 
 
-def test_a_download_directory_others_can_write_to_is_refused_on_every_rank(
-    tmp_path: Path, reference: dict[str, Any], fetch_dir: Path
-) -> None:
-    """SERIALIZED_RESTORE_TMPDIR writable by everyone without the sticky bit: every rank raises an error naming the
-    directory and the setting, before any request reaches the server, and nothing is created in it."""
-    fetch_dir.chmod(0o777)
-    with _Server(Path(reference["ckpt"]).read_bytes()) as server:
-        result = run_job(
-            _validate_job(tmp_path, server.url),
-            timeout=JOB_TIMEOUT,
-            env=_env(fetch_dir, _free_port()),
-        )
-        assert server.requests == 0
-    assert result.returncode != 0
-    assert sorted(result.errors) == [0, 1], result.output[-4000:]
-    for rank, error in result.errors.items():
-        # rank 0 refused it and raises its own PermissionError; rank 1 names rank 0
-        expected = "PermissionError" if rank == 0 else "CheckpointRestoreError[PermissionError]"
-        assert error["type"] == expected, f"rank {rank}: {error}"
-        message = error["message"]
-        assert str(fetch_dir) in message and "SerializedLoading(tmpdir=...)" in message, f"rank {rank}: {message}"
-        assert "writable by other users (mode 0777) without the sticky bit" in message, f"rank {rank}: {message}"
-    assert list(fetch_dir.iterdir()) == [] and stat.S_IMODE(fetch_dir.stat().st_mode) == 0o777
-
-
 def test_a_rank_that_refuses_the_announced_copy_ends_the_restore_on_every_rank(
     tmp_path: Path, reference: dict[str, Any]
 ) -> None:
