@@ -189,11 +189,10 @@ def plan(accelerator: str, ranks: int) -> list[Job]:
     # on CPU, a rehearsal of the device run inside the test suite: `validate` and the eager reader (which the suite
     # covers) on GPU only
     gpu = accelerator == "gpu"
-    eager = ("-eager",) if gpu else ()
     for entry in ("fit", "validate") if gpu else ("fit",):
-        for mode in ("baseline", "upstream", "ours-true", *(f"ours-true{e}" for e in eager)):
+        for mode in ("baseline", "upstream", "ours-true") + (("ours-true-eager",) if gpu else ()):
             jobs.append(Job(f"n1-{entry}-{mode}", "restore", mode, entry))
-    for mode in ("fabric-baseline", "fabric-upstream", "fabric-ours", *(f"fabric-ours{e}" for e in eager)):
+    for mode in ("fabric-baseline", "fabric-upstream", "fabric-ours") + (("fabric-ours-eager",) if gpu else ()):
         jobs.append(Job(f"n1-load-{mode}", "restore", mode, "fit"))
     if ranks >= 2:
         jobs.append(Job(f"n{ranks}-fit-ours-true", "restore", "ours-true", "fit", ranks))

@@ -19,8 +19,8 @@ ROOT="$PWD"
 started=$SECONDS
 RELEASES=(2.4 2.5 master)
 [ "$#" -gt 0 ] && RELEASES=("$@")
-# the core subset: exact resume (fit, both flavours; validate, test and predict), one failing rank, fabric.load (both flavours), the
-# private Lightning names, the compatibility decisions
+# the core subset: exact resume (fit, both flavours; validate, test and predict), one failing rank, fabric.load
+# (both flavours), the private Lightning names, the compatibility decisions
 TESTS=(
   "tests/test_restore.py::test_fit_resume_is_bit_identical[True]"
   "tests/test_restore.py::test_fit_resume_is_bit_identical[lightning-flavour]"

@@ -92,7 +92,7 @@ class _SerializedCheckpointConnectorMixin:
                 self._rank_zero_info(upstream_reason(FULL, "", "restore"))
                 self._restore_modules(restore, plan)
                 return
-            schedule = plan.schedule(plan.k)
+            schedule = plan.schedule(in_turns=True)
             with schedule.turn(STAGE_MODULES) as record:
                 self._restore_modules(restore, plan)
                 if restore.loaded is not None:

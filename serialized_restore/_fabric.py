@@ -104,7 +104,7 @@ class SerializedFabricMixin:
         """(all ranks) Upstream's ``strategy.load_checkpoint`` in this rank's turn, on the checkpoint read with the
         plan's reader; then, every rank at once, copy what the rank keeps out of the mapping."""
         strategy, path = self._strategy, plan.checkpoint_path
-        schedule = plan.schedule(plan.k)
+        schedule = plan.schedule(in_turns=True)
         with schedule.turn(STAGE_LOAD) as record:
             loaded = read_checkpoint(
                 strategy, path, kwargs.get("weights_only"), plan.reader, plan.reason, plan.log,

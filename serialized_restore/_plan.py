@@ -72,16 +72,16 @@ class RestorePlan:
     source: Any = None  # what is read: the checkpoint, or the node-local copy of a remote one
     reader: str = "eager"  # TURNS: "mmap" or "eager", with the reason for "eager" when there is one to log
     reason: str | None = None
-    k: int = 1
 
-    def schedule(self, k: int | None = None) -> TurnSchedule:
-        """(all ranks) A schedule over the job's default store; ``k``: by default every local rank at once."""
+    def schedule(self, in_turns: bool = False) -> TurnSchedule:
+        """(all ranks) A schedule over the job's default store: ``in_turns``, with the settings' ``k``; else every
+        local rank at once."""
         initialized = dist.is_available() and dist.is_initialized()
         store = dist.distributed_c10d._get_default_store() if initialized and self.placement.world_size > 1 else None
         return TurnSchedule(
             store=store,
             placement=self.placement,
-            max_concurrent=k or self.placement.local_world_size,
+            max_concurrent=int(self.settings.max_concurrent) if in_turns else self.placement.local_world_size,
             checkpoint_path=str(self.checkpoint_path),
             turn_timeout=float(self.settings.turn_timeout),
             logger=self.log,
@@ -100,7 +100,7 @@ def plan_restore(
     fsdp: bool = True,
 ) -> RestorePlan:
     """(all ranks) How ``owner`` (``owner_name``) restores ``checkpoint_path``: FSDP only with a full checkpoint (and
-    ``fsdp``); in turns, the file ``fetch`` returns, with the reader the settings and the file allow, and ``k``."""
+    ``fsdp``); in turns, the file ``fetch`` returns, with the reader the settings and the file allow."""
     strategy = owner.strategy
     path = choose_strategy_path(strategy, owner_name, value, warned)
     plan = RestorePlan(path, RankPlacement.of(owner), settings, checkpoint_path, log, source=checkpoint_path)
@@ -119,5 +119,4 @@ def plan_restore(
     if fetch is not None:
         plan.source = fetch(plan)
     plan.reader, plan.reason = choose_reader(strategy, plan.source, settings.reader)
-    plan.k = int(settings.max_concurrent)
     return plan
