@@ -54,6 +54,8 @@ def shared_job(tmp_path_factory: pytest.TempPathFactory, name: str, config: dict
     return {r: torch.load(p, weights_only=False) for r, p in rank_files(out).items()}
 
 
+# a turn's end line prints its duration in steps of 10 ms ("ended in 0.31s")
+DURATION_STEP = 0.01
 _TURN_LINE = re.compile(r"\[rank (\d+)\] serialized restore: turn for '(.+)' (started|ended in ([\d.]+)s)")
 
 
