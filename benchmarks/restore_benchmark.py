@@ -537,10 +537,27 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
     return cells
 
 
+def restore_window(run: dict[str, Any]) -> Optional[float]:
+    """The part of a whole-process job where the modes run different code: from the first rank's ``setup`` (the
+    process group exists, no stage has run) to the last rank's ``fit_end`` (both stages, DDP's setup between them).
+    None where a rank's marks are missing."""
+    phases = run.get("phases") or {}
+    marks = (phases.get("setup") or [], phases.get("fit_end") or [])
+    if any(len(m) != run["devices"] for m in marks):
+        return None
+    return max(marks[1]) - min(marks[0])
+
+
+def _median(values: Any) -> Optional[float]:
+    """The median of the values that are not None; None if none is."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def summarize_whole(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One cell per N of the whole-process jobs at one size: per mode the median wall time (start of the first
-    process to the exit of the last rank), of rank 0's, and of the CPU time of all ranks together; and the ratios of
-    ``ours-true``'s medians to ``upstream``'s."""
+    process to the exit of the last rank), of rank 0's, of the CPU time of all ranks together and of the restore
+    window (``restore_window``); and the ratios of ``ours-true``'s medians to ``upstream``'s."""
     runs = results.get("whole") or []
     cells = []
     for devices in sorted({r["devices"] for r in runs}):
@@ -553,12 +570,13 @@ def summarize_whole(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "all_seconds": [round(r["seconds"], 3) for r in mine],
                 "rank0_seconds": statistics.median(r["rank0_seconds"] for r in mine) if mine else None,
                 "cpu_seconds": statistics.median(sum(r["cpu_seconds"]) for r in mine) if mine else None,
+                "restore_seconds": _median(map(restore_window, mine)),
                 "other_cpu_share": statistics.median(r["other_cpu_seconds"] / r["seconds"] for r in mine)
                 if mine
                 else None,
             }
         ours, theirs = (cell[mode] for mode in WHOLE_MODES[::-1])
-        for key in ("seconds", "cpu_seconds"):
+        for key in ("seconds", "cpu_seconds", "restore_seconds"):
             known = ours[key] is not None and theirs[key]
             cell[f"{key}_ratio"] = ours[key] / theirs[key] if known else None
         cells.append(cell)
@@ -1205,8 +1223,9 @@ def _whole_section(views: list[dict[str, Any]]) -> list[str]:
         " any rank shows in the wall time.",
         "",
         "| model, S | N | upstream (s) | ours-true (s) | ours / upstream | CPU upstream (s) | CPU ours-true (s)"
-        " | CPU ours / upstream | each job, upstream; ours-true (s) | other load |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " | CPU ours / upstream | restore, upstream; ours-true (s) | restore ours / upstream"
+        " | each job, upstream; ours-true (s) | other load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for view, cell in measured:
         ck = view["checkpoint"]
@@ -1221,11 +1240,17 @@ def _whole_section(views: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {ck['params'] / 1e6:.0f}M, {ck['size_bytes'] / GIB:.2f} GiB | {cell['devices']} | {num(up['seconds'])}"
             f" | {num(ours['seconds'])} | {ratio} | {num(up['cpu_seconds'])} | {num(ours['cpu_seconds'])}"
-            f" | {num(cell['cpu_seconds_ratio'])} | {each} | {num(max(loads) if loads else None)} |"
+            f" | {num(cell['cpu_seconds_ratio'])} | {num(up.get('restore_seconds'))};"
+            f" {num(ours.get('restore_seconds'))} | {num(cell.get('restore_seconds_ratio'))} | {each}"
+            f" | {num(max(loads) if loads else None)} |"
         )
     lines += [
         "",
-        "*Other load*: cores' worth of CPU that other processes on the machine used while a job ran (the larger of"
+        "*Restore*: the part of a job where the two modes run different code, from the first rank's Trainer `setup`"
+        " (the process group exists, nothing is restored yet) to the last rank's `on_fit_end` (both restore stages"
+        " and DDP's setup between them), from the ranks' own marks; outside it the modes differ only by the package's"
+        " import and the Trainer's construction (about 10 ms per rank)."
+        " *Other load*: cores' worth of CPU that other processes on the machine used while a job ran (the larger of"
         " the two modes' medians).",
         "",
     ]
@@ -1544,7 +1569,8 @@ def _print_whole(results: dict[str, Any]) -> None:
             print(
                 f"  whole process, {view['checkpoint']['params'] / 1e6:.0f}M N={cell['devices']}: ours-true"
                 f" {ours['seconds']:.2f}s vs upstream {up['seconds']:.2f}s = {cell['seconds_ratio']:.3f} x"
-                f" (CPU {ours['cpu_seconds']:.2f}s vs {up['cpu_seconds']:.2f}s = {cell['cpu_seconds_ratio']:.3f} x)"
+                f" (CPU {ours['cpu_seconds']:.2f}s vs {up['cpu_seconds']:.2f}s = {cell['cpu_seconds_ratio']:.3f} x;"
+                f" restore {ours.get('restore_seconds') or 0:.2f}s vs {up.get('restore_seconds') or 0:.2f}s)"
             )
 
 
