@@ -293,12 +293,15 @@ def whole_devices(args: argparse.Namespace, params: int) -> tuple[int, ...]:
 
 
 def whole_plan(args: argparse.Namespace, params: int) -> list[tuple[int, str, int]]:
-    """The whole-process jobs at one size as (N, mode, repeat): per N, the modes alternating, ``upstream`` first."""
+    """The whole-process jobs at one size as (N, mode, repeat): per N, the modes alternating in the order ABBA ABBA
+    (``upstream`` first), so that each mode follows each mode equally often: a job can leave the machine in a state
+    that costs the next one (page cache, memory a virtual machine's host must back again), and plain ABAB would charge that to
+    one mode."""
     return [
         (devices, mode, repeat)
         for devices in whole_devices(args, params)
         for repeat in range(args.whole_repeats)
-        for mode in WHOLE_MODES
+        for mode in (WHOLE_MODES if repeat % 2 == 0 else WHOLE_MODES[::-1])
     ]
 
 
@@ -1215,7 +1218,8 @@ def _whole_section(views: list[dict[str, Any]]) -> list[str]:
         " tears down and returns, and the script ends as any script does. Each job is timed from the start of its"
         " first process to the exit of its last rank: Python's and Lightning's imports, the launcher starting the"
         " other ranks, DDP's setup, the restore, the teardown and the interpreter's shutdown. No memory sampler runs."
-        f" Jobs of `upstream` and `ours-true` alternate, {'/'.join(map(str, repeats))} of each per cell; the medians"
+        f" Jobs of `upstream` and `ours-true` alternate (ABBA, so that each follows each equally often),"
+        f" {'/'.join(map(str, repeats))} of each per cell; the medians"
         " are shown, and every job's time. *CPU*: user + system time of all ranks together, up to their exit"
         " (from `wait4`: the benchmark adopts the ranks as a child subreaper), the figure to compare when the"
         " machine is shared. Most of a job is fixed costs (imports, start-up, shutdown: seconds per rank) that do"
