@@ -295,8 +295,8 @@ def whole_devices(args: argparse.Namespace, params: int) -> tuple[int, ...]:
 def whole_plan(args: argparse.Namespace, params: int) -> list[tuple[int, str, int]]:
     """The whole-process jobs at one size as (N, mode, repeat): per N, the modes alternating in the order ABBA ABBA
     (``upstream`` first), so that each mode follows each mode equally often: a job can leave the machine in a state
-    that costs the next one (page cache, memory a virtual machine's host must back again), and plain ABAB would charge that to
-    one mode."""
+    that costs the next one (page cache, memory a virtual machine's host must back again), and plain ABAB would
+    charge that to one mode."""
     return [
         (devices, mode, repeat)
         for devices in whole_devices(args, params)
