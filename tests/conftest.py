@@ -17,6 +17,9 @@ from tests.helpers.launch import run_job
 # and CI containers) one lookup stalls the store for its default 5 s timeout, which the tests' prompt bounds would
 # count as the restore's. Every process the tests start inherits this (as the coordination benchmark does).
 os.environ.setdefault("RES_OPTIONS", "attempts:1 timeout:1")
+# every process the tests start collects cyclic garbage less often (tests/helpers/site/sitecustomize.py says why)
+_SITE = os.path.join(os.path.dirname(__file__), "helpers", "site")
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_SITE, os.environ.get("PYTHONPATH", "")]))
 
 
 @pytest.fixture(scope="session")

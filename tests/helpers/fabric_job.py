@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness.models import TurnLog, make_fabric_cpu_fsdp_class  # noqa: E402
-from harness.processes import file_mappings, in_mappings  # noqa: E402
+from harness.processes import end_finished_rank, file_mappings, in_mappings  # noqa: E402
 
 
 def _fabric_class(config: dict[str, Any]) -> Any:
@@ -223,3 +223,4 @@ def _run(fabric: Any, config: dict[str, Any]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]))
+    end_finished_rank()

@@ -29,6 +29,7 @@ from harness.models import (  # noqa: E402
     make_precision_class,
     make_writer_class,
 )
+from harness.processes import end_finished_rank  # noqa: E402
 from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 
 
@@ -127,3 +128,4 @@ def main(config: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]))
+    end_finished_rank()

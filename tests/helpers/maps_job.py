@@ -17,6 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness.processes import end_finished_rank  # noqa: E402
 from tests.helpers import job  # noqa: E402
 
 
@@ -49,3 +50,4 @@ def main(config: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]))
+    end_finished_rank()

@@ -14,9 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness.processes import end_finished_rank  # noqa: E402
 from tests.helpers.job import main  # noqa: E402
 
 if __name__ == "__main__":
     config = json.loads(sys.argv[1])
     os.environ.update(config.get("env_by_local_rank", {}).get(os.environ.get("LOCAL_RANK", "0"), {}))
     main(config)
+    end_finished_rank()
