@@ -49,6 +49,16 @@ def start_job(
     )
 
 
+def end_process_group() -> None:
+    """As a training script ends (and as Lightning's own tests do between tests): the default process group's threads
+    stop here, not in the interpreter's teardown, where torch's gloo group can abort the process ("terminate called
+    without an active exception", pytorch/pytorch#190489)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def end_finished_rank() -> NoReturn:
     """End a test job's rank once its work is done and its results are written: the exit handlers run and output is
     flushed as at any exit, and the exit status is 0, but the interpreter's finalization is skipped. With torch and

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness.models import TurnLog, make_fabric_cpu_fsdp_class  # noqa: E402
-from harness.processes import end_finished_rank, file_mappings, in_mappings  # noqa: E402
+from harness.processes import end_finished_rank, end_process_group, file_mappings, in_mappings  # noqa: E402
 
 
 def _fabric_class(config: dict[str, Any]) -> Any:
@@ -132,10 +132,7 @@ def main(config: dict[str, Any]) -> None:
         raise
     result.update(global_rank=fabric.global_rank, local_rank=fabric.local_rank, turn_log=log.lines)
     torch.save(result, out / f"rank{fabric.global_rank}.pt")
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        # as the Trainer's job does (job.py): the process group's threads stop here, not in the interpreter's teardown,
-        # where gloo and the store may meet already-destroyed objects (seen once under torchrun: SIGABRT at exit)
-        torch.distributed.destroy_process_group()
+    end_process_group()
 
 
 def _run(fabric: Any, config: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ time it did so.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -40,6 +41,7 @@ import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.callbacks import ModelCheckpoint, OnExceptionCheckpoint  # noqa: E402
 
 from harness.models import dataloader, make_callback_class, make_model_class  # noqa: E402
+from harness.processes import end_process_group  # noqa: E402
 from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 from serialized_restore import CheckpointRestoreError  # noqa: E402
 from serialized_restore.pytorch_lightning import Trainer as SerializedTrainer  # noqa: E402
@@ -205,6 +207,9 @@ def main(config: dict[str, Any]) -> None:
         except Exception:
             if not config.get("continue_after_failure"):
                 raise
+        finally:
+            gc.collect()  # the case's Trainer and DDP model go now, not in the interpreter's teardown
+    end_process_group()
 
 
 if __name__ == "__main__":

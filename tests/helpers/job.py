@@ -29,7 +29,7 @@ from harness.models import (  # noqa: E402
     make_precision_class,
     make_writer_class,
 )
-from harness.processes import end_finished_rank  # noqa: E402
+from harness.processes import end_finished_rank, end_process_group  # noqa: E402
 from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 
 
@@ -120,10 +120,7 @@ def main(config: dict[str, Any]) -> None:
         raise
     if config.get("save_ckpt"):
         trainer.save_checkpoint(config["save_ckpt"])
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        # as a training script ends (and as Lightning's own tests do between tests): the process group's threads
-        # stop here, not in the interpreter's teardown, where gloo and the store may meet already-destroyed objects
-        torch.distributed.destroy_process_group()
+    end_process_group()
 
 
 if __name__ == "__main__":

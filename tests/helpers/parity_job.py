@@ -18,6 +18,7 @@ written as ``<out>/...`` so that two jobs compare equal.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
@@ -35,6 +36,7 @@ import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.loggers import CSVLogger  # noqa: E402
 
 from harness.models import dataloader, make_model_class  # noqa: E402
+from harness.processes import end_process_group  # noqa: E402
 from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 
 _BaseModel = make_model_class("pytorch_lightning")
@@ -172,6 +174,8 @@ def main(config: dict[str, Any]) -> None:
         logging.getLogger(name).setLevel(logging.DEBUG)
     for case in config["cases"]:
         run_case(config, case, handler)
+        gc.collect()  # the case's Trainer and DDP model go now, not in the interpreter's teardown
+    end_process_group()
 
 
 if __name__ == "__main__":
