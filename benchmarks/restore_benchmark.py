@@ -1563,6 +1563,10 @@ def _print_targets(targets: list[Target]) -> None:
         )
 
 
+def _seconds(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.2f}s"
+
+
 def _print_whole(results: dict[str, Any]) -> None:
     """The whole-process medians, one line per size and N."""
     for view in size_views(results):
@@ -1574,7 +1578,7 @@ def _print_whole(results: dict[str, Any]) -> None:
                 f"  whole process, {view['checkpoint']['params'] / 1e6:.0f}M N={cell['devices']}: ours-true"
                 f" {ours['seconds']:.2f}s vs upstream {up['seconds']:.2f}s = {cell['seconds_ratio']:.3f} x"
                 f" (CPU {ours['cpu_seconds']:.2f}s vs {up['cpu_seconds']:.2f}s = {cell['cpu_seconds_ratio']:.3f} x;"
-                f" restore {ours.get('restore_seconds') or 0:.2f}s vs {up.get('restore_seconds') or 0:.2f}s)"
+                f" restore {_seconds(ours.get('restore_seconds'))} vs {_seconds(up.get('restore_seconds'))})"
             )
 
 

@@ -60,11 +60,13 @@ def end_process_group() -> None:
 
 
 def end_finished_rank() -> NoReturn:
-    """End a test job's rank once its work is done and its results are written: the exit handlers run and output is
-    flushed as at any exit, and the exit status is 0, but the interpreter's finalization is skipped. With torch and
+    """End a test job's rank once its work is done and its results are written: the process group ends
+    (``end_process_group``), the exit handlers run and output is flushed as at any exit, and the exit status is 0, but
+    the interpreter's finalization is skipped. With torch and
     Lightning imported that finalization costs about 1 s of CPU per process (mostly collecting the objects of
     thousands of modules), and the suite starts hundreds of ranks. Not for jobs whose claim is about how a process
     ends, or what it prints while it does (failures, launchers, log parity, the benchmarks' jobs)."""
+    end_process_group()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness.models import TurnLog, make_fabric_cpu_fsdp_class  # noqa: E402
-from harness.processes import end_finished_rank, end_process_group, file_mappings, in_mappings  # noqa: E402
+from harness.processes import end_finished_rank, file_mappings, in_mappings  # noqa: E402
 
 
 def _fabric_class(config: dict[str, Any]) -> Any:
@@ -132,7 +132,6 @@ def main(config: dict[str, Any]) -> None:
         raise
     result.update(global_rank=fabric.global_rank, local_rank=fabric.local_rank, turn_log=log.lines)
     torch.save(result, out / f"rank{fabric.global_rank}.pt")
-    end_process_group()
 
 
 def _run(fabric: Any, config: dict[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from harness.models import (  # noqa: E402
     make_precision_class,
     make_writer_class,
 )
-from harness.processes import end_finished_rank, end_process_group  # noqa: E402
+from harness.processes import end_finished_rank  # noqa: E402
 from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 
 
@@ -120,7 +120,6 @@ def main(config: dict[str, Any]) -> None:
         raise
     if config.get("save_ckpt"):
         trainer.save_checkpoint(config["save_ckpt"])
-    end_process_group()
 
 
 if __name__ == "__main__":
