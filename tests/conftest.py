@@ -15,12 +15,18 @@ from tests.helpers.launch import run_job
 
 # TCPStore resolves the name of every peer that connects; where the resolver is slow to answer (as in some sandboxes
 # and CI containers) one lookup stalls the store for its default 5 s timeout, which the tests' prompt bounds would
-# count as the restore's. Every process the tests start inherits this (as the coordination benchmark does).
+# count as the restore's. Every process the tests start inherits this (as benchmarks/scale.py sets it too).
 os.environ.setdefault("RES_OPTIONS", "attempts:1 timeout:1")
 # every process the tests start collects cyclic garbage less often (tests/helpers/site/sitecustomize.py says why)
 _SITE = os.path.join(os.path.dirname(__file__), "helpers", "site")
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_SITE, os.environ.get("PYTHONPATH", "")]))
 
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` (each a minute or so of its own processes) run first: handed out last, one could leave a
+    worker running it alone at the end while the others sit idle."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:

@@ -63,8 +63,9 @@ def _run_two_nodes(config: dict[str, Any], timeout: float = 240.0) -> dict[int, 
 
 
 @pytest.fixture(scope="module")
-def two_node_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A 1-epoch checkpoint and upstream Lightning's resume of it to epoch 2, on the same 2 x 2 topology.
+def two_node_reference(tmp_path_factory: pytest.TempPathFactory, reference: dict[str, Any]) -> dict[str, Any]:
+    """Upstream Lightning's resume, on 2 x 2 ranks, of the shared 1-epoch checkpoint (written by 2 ranks: a resume on
+    another topology is what Lightning does here too) to epoch 2.
 
     The reference is upstream's resume, not an uninterrupted run: with more than two ranks, the float sums of DDP's
     all-reduce depend on the gradient bucket layout, which DDP rebuilds after the first step of every new job, so
@@ -72,14 +73,11 @@ def two_node_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
     the sum is exact and the core tests compare with the uninterrupted run.
     """
     root = tmp_path_factory.mktemp("two-nodes")
-    common = {"trainer": "upstream", "devices": 2, "num_nodes": 2}
-    _run_two_nodes({**common, "out": str(root / "a"), "save_ckpt": str(root / "epoch1.ckpt")})
-    resumed = _run_two_nodes(
-        {**common, "out": str(root / "b"), "max_epochs": 2, "ckpt_path": str(root / "epoch1.ckpt")}
-    )
-    return {"ckpt": str(root / "epoch1.ckpt"), "upstream_resume": resumed}
+    config = {"trainer": "upstream", "devices": 2, "num_nodes": 2, "max_epochs": 2, "ckpt_path": reference["ckpt"]}
+    return {"ckpt": reference["ckpt"], "upstream_resume": _run_two_nodes({**config, "out": str(root / "upstream")})}
 
 
+@pytest.mark.long
 def test_two_nodes_take_turns_in_parallel(tmp_path: Path, two_node_reference: dict[str, Any]) -> None:
     """Turns run one at a time within a node and overlap across nodes; the resume equals upstream's bit for bit."""
     ranks = _run_two_nodes(
