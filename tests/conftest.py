@@ -22,12 +22,6 @@ _SITE = os.path.join(os.path.dirname(__file__), "helpers", "site")
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_SITE, os.environ.get("PYTHONPATH", "")]))
 
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``long`` (each a minute or so of its own processes) run first: handed out last, one could leave a
-    worker running it alone at the end while the others sit idle."""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)
-
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A 1-epoch checkpoint from upstream Lightning on 2 ranks, and an uninterrupted 2-epoch run (every rank)."""

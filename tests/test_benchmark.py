@@ -23,7 +23,6 @@ def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_benchmark_quick_mode_completes_with_exact_restores(tmp_path: Path) -> None:
     """`restore_benchmark.py --quick`, at N = 1 and one entry point, exits 0 (it exits non-zero on any inexact
@@ -38,7 +37,6 @@ def test_benchmark_quick_mode_completes_with_exact_restores(tmp_path: Path) -> N
     assert json.loads((out / "results.json").read_text())
 
 
-@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_resume_under_a_memory_limit(tmp_path: Path) -> None:
     """Under a cgroup memory limit with room for one more checkpoint copy than the job needs without one, the

@@ -70,7 +70,6 @@ def test_without_require_gpu_it_skips_with_one_line() -> None:
     assert result.stdout.splitlines() == ["gpu_check: skipped: no CUDA device is visible"], result.stdout
 
 
-@pytest.mark.long
 @pytest.mark.timeout(420)
 def test_cpu_branch_runs_every_job_and_passes_its_checks(tmp_path: Path) -> None:
     """``--accelerator cpu`` runs the device run's jobs (Trainer fit and Fabric, DDP and FSDP on 2 ranks; `validate`

@@ -92,7 +92,6 @@ def trainer_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.long
 def test_fabric_program_resumes_in_turns(tmp_path: Path) -> None:
     """A script building `lightning.fabric.Fabric` in its `main`, 2 ranks through Fabric's launcher: `fabric.load`."""
     plain, launched = _resume_both_ways([sys.executable, str(HELPERS / "launched_fabric.py")], tmp_path, [])

@@ -77,7 +77,6 @@ def two_node_reference(tmp_path_factory: pytest.TempPathFactory, reference: dict
     return {"ckpt": reference["ckpt"], "upstream_resume": _run_two_nodes({**config, "out": str(root / "upstream")})}
 
 
-@pytest.mark.long
 def test_two_nodes_take_turns_in_parallel(tmp_path: Path, two_node_reference: dict[str, Any]) -> None:
     """Turns run one at a time within a node and overlap across nodes; the resume equals upstream's bit for bit."""
     ranks = _run_two_nodes(
