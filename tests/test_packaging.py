@@ -109,6 +109,20 @@ _HOOKED = (
 )
 
 
+def _venv(venv: Path) -> str:
+    """A fresh venv that sees torch, Lightning and setuptools of this environment (a path line in a `.pth`) and has
+    no packages of its own: the pip that installs into it is this environment's (`pip --python`), which saves each
+    test a copy of pip and setuptools (and a venv's own older setuptools would shadow the one torch requires)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"]
+    (Path(site) / "test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return str(venv / "bin" / "python")
+
+
+def _pip(python: str) -> list[str]:
+    return [sys.executable, "-m", "pip", "--python", python]
+
+
 def _switch(python: str, cwd: Path, code: str = _SWITCHED) -> str:
     env = {**os.environ, "SERIALIZED_RESTORE": "1"}
     env.pop("PYTHONPATH", None)
@@ -122,33 +136,28 @@ def test_wheel_installs_into_a_fresh_venv(dist: Path, tmp_path: Path) -> None:
     environment's, through a path line): torch is kept, nothing else is installed, both flavours import, `pip check` is
     clean, the console script runs and `SERIALIZED_RESTORE` alone switches it on."""
     (wheel,) = dist.glob("*.whl")
-    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
-    python = str(tmp_path / "venv" / "bin" / "python")
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    (Path(site) / "test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    # the venv's own older setuptools would shadow the one torch requires
-    subprocess.run([python, "-m", "pip", "uninstall", "--quiet", "--yes", "setuptools"], check=True)
+    python = _venv(tmp_path / "venv")
     pins = re.sub(r"\[[^\]]*\]", "", (REPO / "requirements" / "ci.txt").read_text())
     (torch_pin,) = [line for line in pins.splitlines() if line.startswith("torch==")]
-    install = [python, "-m", "pip", "install", "--no-index", f"{wheel}[lightning]"]
+    install = [*_pip(python), "install", "--no-index", f"{wheel}[lightning]"]
     result = subprocess.run(install, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
     # what pip installed into the venv: the package alone (a dependency pip wanted to replace would be listed too)
     assert re.findall(r"Successfully installed (.*)", result.stdout) == ["serialized-restore-0.1.0"], result.stdout
-    version = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
-    assert version.stdout.strip().split("+")[0] == torch_pin.split("==")[1]  # kept, not replaced by another build
     code = (
         "import serialized_restore, serialized_restore.lightning as u, serialized_restore.pytorch_lightning as s\n"
-        "import lightning.pytorch, pytorch_lightning\n"
+        "import lightning.pytorch, pytorch_lightning, torch\n"
         "assert issubclass(u.Trainer, lightning.pytorch.Trainer) and issubclass(s.Trainer, pytorch_lightning.Trainer)\n"
         "assert serialized_restore.Trainer is s.Trainer\n"
         "print(serialized_restore.__file__)\n"
+        "print(torch.__version__)\n"
     )
     imported = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert imported.returncode == 0, imported.stderr[-4000:]
-    assert str(tmp_path / "venv") in imported.stdout  # the installed copy, not this tree
-    check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True)
+    location, version = imported.stdout.splitlines()
+    assert location.startswith(str(tmp_path / "venv"))  # the installed copy, not this tree
+    assert version.split("+")[0] == torch_pin.split("==")[1]  # kept, not replaced by another build
+    check = subprocess.run([*_pip(python), "check"], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     script = subprocess.run([str(tmp_path / "venv" / "bin" / "serialized-restore"), "run", "--help"], text=True,
                             capture_output=True)  # fmt: skip
@@ -161,16 +170,11 @@ def test_the_variable_switches_it_on_in_an_editable_install_once_the_hook_is_ins
     install` (which `scripts/env.sh` runs) puts it in site-packages; `hook remove` takes it out again."""
     tree = tmp_path / "tree"
     shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
-    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
     venv = tmp_path / "venv"
-    python = str(venv / "bin" / "python")
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    # torch, Lightning and setuptools from this environment (a path line in a .pth; the venv's own older setuptools
-    # would shadow it), the package editable from the copy, built without an isolated build environment
-    (Path(site) / "test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([python, "-m", "pip", "uninstall", "--quiet", "--yes", "setuptools"], check=True)
-    install = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(tree)]
+    python = _venv(venv)
+    site = sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"]
+    # the package editable from the copy, built with this environment's setuptools, without an isolated build
+    install = [*_pip(python), "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(tree)]
     result = subprocess.run(install, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
     assert not (Path(site) / "serialized_restore.pth").exists()
