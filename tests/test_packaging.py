@@ -114,9 +114,12 @@ def _venv(venv: Path) -> str:
     no packages of its own: the pip that installs into it is this environment's (`pip --python`), which saves each
     test a copy of pip and setuptools (and a venv's own older setuptools would shadow the one torch requires)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"]
-    (Path(site) / "test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (_site(venv) / "test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return str(venv / "bin" / "python")
+
+
+def _site(venv: Path) -> Path:
+    return Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
 
 
 def _pip(python: str) -> list[str]:
@@ -172,12 +175,12 @@ def test_the_variable_switches_it_on_in_an_editable_install_once_the_hook_is_ins
     shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
     venv = tmp_path / "venv"
     python = _venv(venv)
-    site = sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"]
+    site = _site(venv)
     # the package editable from the copy, built with this environment's setuptools, without an isolated build
     install = [*_pip(python), "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(tree)]
     result = subprocess.run(install, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert not (Path(site) / "serialized_restore.pth").exists()
+    assert not (site / "serialized_restore.pth").exists()
     assert _switch(python, tmp_path, _HOOKED) == "upstream"
     command = str(venv / "bin" / "serialized-restore")
 
@@ -191,9 +194,9 @@ def test_the_variable_switches_it_on_in_an_editable_install_once_the_hook_is_ins
     assert _switch(python, tmp_path, _HOOKED) == "switched"
     hook("remove")
     assert _switch(python, tmp_path, _HOOKED) == "upstream"
-    assert not (Path(site) / "serialized_restore.pth").exists()
+    assert not (site / "serialized_restore.pth").exists()
     # a file of that name that is not the package's is left alone
-    (Path(site) / "serialized_restore.pth").write_text("# someone else's\n")
+    (site / "serialized_restore.pth").write_text("# someone else's\n")
     result = subprocess.run([command, "hook", "install"], capture_output=True, text=True)
     assert result.returncode == 1 and "is not this package's" in result.stderr, result.stderr
-    assert (Path(site) / "serialized_restore.pth").read_text() == "# someone else's\n"
+    assert (site / "serialized_restore.pth").read_text() == "# someone else's\n"
