@@ -82,6 +82,7 @@ def test_sdist_can_run_its_tests(dist: Path) -> None:
         "tests/helpers/job.py",
         "harness/models.py",
         "requirements/ci.txt",
+        "requirements/plots.txt",
         "scripts/test.sh",
         "scripts/env.sh",
         "docs/failures.md",
