@@ -16,5 +16,5 @@ import os
 import sys
 
 gc.set_threshold(20_000, 50, 100)
-_PLOTS = os.path.join(sys.prefix, "plots")
-sys.path[:] = [entry for entry in sys.path if entry != _PLOTS]
+_PLOTS = os.path.realpath(os.path.join(sys.prefix, "plots"))
+sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry) != _PLOTS]
