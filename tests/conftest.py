@@ -1,9 +1,12 @@
-"""Shared fixtures: a real checkpoint written by a real 2-rank DDP job, and the uninterrupted run to compare with."""
+"""Shared fixtures, each run once per test session: a real checkpoint written by a real 2-rank DDP job, the
+uninterrupted run to compare with, upstream's resume from it; a checkpoint written by upstream Fabric on 2 ranks, and
+what upstream Fabric's load of it gives every rank."""
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,3 +50,36 @@ def upstream_resume(tmp_path_factory: pytest.TempPathFactory, reference: dict[st
     """Upstream Lightning resuming the reference checkpoint to epoch 2 on 2 ranks."""
     config = {"trainer": "upstream", "max_epochs": 2, "ckpt_path": reference["ckpt"]}
     return shared_job(tmp_path_factory, "upstream-resume", config)
+
+
+FABRIC_JOB = Path(__file__).with_name("helpers") / "fabric_job.py"
+
+
+@pytest.fixture(scope="session")
+def fabric_saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A checkpoint saved by upstream Fabric on 2 ranks (model, optimizer, scheduler, a stateful object, plain
+    values), and the module's and the optimizer's plain state dicts."""
+    root = shared_dir(tmp_path_factory) / "fabric-files"
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "ckpt": str(root / "fabric.ckpt"),
+        "module": str(root / "module.pt"),
+        "optimizer": str(root / "optimizer.pt"),
+    }
+    config = {
+        "fabric": "upstream",
+        "action": "save",
+        "save_path": paths["ckpt"],
+        "raw_module_path": paths["module"],
+        "raw_optimizer_path": paths["optimizer"],
+    }
+    shared_job(tmp_path_factory, "fabric-save", config, script=FABRIC_JOB)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def fabric_upstream_load(tmp_path_factory: pytest.TempPathFactory, fabric_saved: dict[str, str]) -> dict[int, Any]:
+    """Upstream Fabric's DDP ``load`` of that checkpoint into the whole state, then 2 more training steps (every
+    rank's end state)."""
+    config = {"fabric": "upstream", "action": "load", "ckpt_path": fabric_saved["ckpt"]}
+    return shared_job(tmp_path_factory, "fabric-upstream-load", config, script=FABRIC_JOB)

@@ -76,28 +76,21 @@ def test_trainer_restores_a_gpu_checkpoint_on_cpu(
 
 
 @pytest.fixture(scope="module")
-def fabric_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A checkpoint saved by upstream Fabric on 2 ranks, the same as a GPU job writes it, and what upstream Fabric's
-    ``load`` of the first gives every rank."""
-    root = tmp_path_factory.mktemp("fabric-gpu")
-    saved = str(root / "fabric.ckpt")
-    config = {"fabric": "upstream", "action": "save", "out": str(root / "save"), "save_path": saved}
-    result = run_job(config, timeout=JOB_TIMEOUT, script=FABRIC_JOB)
-    assert result.returncode == 0 and not result.errors, result.output[-4000:]
-    config = {"fabric": "upstream", "action": "load", "out": str(root / "load"), "ckpt_path": saved}
-    upstream = run_job(config, timeout=JOB_TIMEOUT, script=FABRIC_JOB)
-    assert upstream.returncode == 0 and not upstream.errors, upstream.output[-4000:]
-    return {"cuda": _cuda_tagged(saved, root / "fabric-cuda.ckpt"), "upstream": upstream.ranks}
+def fabric_gpu_checkpoint(fabric_saved: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The checkpoint upstream Fabric saved on 2 ranks, as a GPU job writes it."""
+    return _cuda_tagged(fabric_saved["ckpt"], tmp_path_factory.mktemp("fabric-gpu") / "fabric-cuda.ckpt")
 
 
 @pytest.mark.parametrize("reader", ["mmap"])  # eager: upstream's `checkpoint_io.load_checkpoint`, as above
-def test_fabric_loads_a_gpu_checkpoint_on_cpu(tmp_path: Path, fabric_checkpoints: dict[str, Any], reader: str) -> None:
+def test_fabric_loads_a_gpu_checkpoint_on_cpu(
+    tmp_path: Path, fabric_gpu_checkpoint: str, fabric_upstream_load: dict[int, Any], reader: str
+) -> None:
     """``fabric.load`` of a checkpoint saved on ``cuda:0`` gives, memory-mapped, exactly what upstream Fabric
     gives from the same checkpoint saved on the host, with nothing kept backed by the file."""
-    config = {"fabric": "ours", "action": "load", "out": str(tmp_path), "ckpt_path": fabric_checkpoints["cuda"]}
+    config = {"fabric": "ours", "action": "load", "out": str(tmp_path), "ckpt_path": fabric_gpu_checkpoint}
     ours = run_job(config, timeout=JOB_TIMEOUT, env={"SERIALIZED_RESTORE_READER": reader}, script=FABRIC_JOB)
     assert ours.returncode == 0 and not ours.errors, ours.output[-4000:]
-    upstream = fabric_checkpoints["upstream"]
+    upstream = fabric_upstream_load
     assert sorted(ours.ranks) == sorted(upstream) == [0, 1]
     for rank in upstream:
         for key in ("params", "optimizer", "scheduler", "remainder", "plain_state", "counter"):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from harness.processes import job_env, kill_job, start_job
-from tests.helpers.checks import DURATION_STEP, JOB_TIMEOUT, assert_same, max_concurrent, turn_intervals
+from tests.helpers.checks import DURATION_STEP, JOB_TIMEOUT, assert_same, max_concurrent, shared_job, turn_intervals
 from tests.helpers.launch import JobResult, run_job
 
 JOB = Path(__file__).with_name("helpers") / "fabric_job.py"
@@ -49,25 +49,10 @@ def _ok(config: dict[str, Any], launcher: str = "fabric") -> dict[int, Any]:
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A checkpoint saved by upstream Fabric on 2 ranks (model, optimizer, scheduler, a stateful object, plain
-    values), and the module's and the optimizer's plain state dicts."""
-    root = tmp_path_factory.mktemp("fabric-saved")
-    paths = {
-        "ckpt": str(root / "fabric.ckpt"),
-        "module": str(root / "module.pt"),
-        "optimizer": str(root / "optimizer.pt"),
-    }
-    config = {
-        "fabric": "upstream",
-        "action": "save",
-        "out": str(root / "save"),
-        "save_path": paths["ckpt"],
-        "raw_module_path": paths["module"],
-        "raw_optimizer_path": paths["optimizer"],
-    }
-    _ok(config)
-    return paths
+def upstream_fsdp_load(tmp_path_factory: pytest.TempPathFactory, fabric_saved: dict[str, str]) -> dict[int, Any]:
+    """Upstream Fabric's FSDP ``load`` of the DDP job's full checkpoint, then 2 more training steps."""
+    config = {"fabric": "upstream", "action": "load", "ckpt_path": fabric_saved["ckpt"], "strategy": "fsdp"}
+    return shared_job(tmp_path_factory, "fabric-upstream-fsdp-load", config, script=JOB)
 
 
 def _assert_same_end_state(ours: dict[int, Any], upstream: dict[int, Any], keys: tuple[str, ...]) -> None:
@@ -93,14 +78,15 @@ def _assert_took_turns(ranks: dict[int, Any]) -> None:
 
 @pytest.mark.parametrize(("launcher", "flavour"), [("fabric", "lightning_fabric"), ("torchrun", "lightning")])
 def test_load_equals_upstream_and_keeps_nothing_backed_by_the_file(
-    tmp_path: Path, saved: dict[str, str], launcher: str, flavour: str
+    tmp_path: Path, fabric_saved: dict[str, str], fabric_upstream_load: dict[int, Any], launcher: str, flavour: str
 ) -> None:
     """`fabric.load(path, state)` in turns ends every rank exactly as upstream's load does (weights, optimizer,
     scheduler, a stateful object, plain values put into `state`, the returned remainder, and 2 more training steps),
-    the ranks taking turns one at a time; nothing they keep lies in the file's pages."""
-    common = {"action": "load", "ckpt_path": saved["ckpt"], "flavour": flavour}
-    upstream = _ok({**common, "fabric": "upstream", "out": str(tmp_path / "upstream")}, launcher)
-    ours = _ok({**common, "fabric": "ours", "out": str(tmp_path / "ours")}, launcher)
+    the ranks taking turns one at a time; nothing they keep lies in the file's pages. (Upstream's end state, the
+    same under either launcher, comes from one upstream job per test session.)"""
+    config = {"action": "load", "ckpt_path": fabric_saved["ckpt"], "flavour": flavour, "fabric": "ours"}
+    ours = _ok({**config, "out": str(tmp_path / "ours")}, launcher)
+    upstream = fabric_upstream_load
     keys = ("params", "optimizer", "scheduler", "counter", "plain_state", "remainder")
     _assert_same_end_state(ours, upstream, keys)
     assert set(ours[0]["remainder"]) == {"note"} and ours[0]["plain_state"]["step"] == 3
@@ -111,12 +97,12 @@ def test_load_equals_upstream_and_keeps_nothing_backed_by_the_file(
         assert len(ended) == 2 and "memory-mapped" in ended[0] and "out of the mapped file" in ended[1], ended
 
 
-def test_load_of_the_whole_checkpoint_and_load_raw_equal_upstream(tmp_path: Path, saved: dict[str, str]) -> None:
+def test_load_of_the_whole_checkpoint_and_load_raw_equal_upstream(tmp_path: Path, fabric_saved: dict[str, str]) -> None:
     """`fabric.load(path)` returns upstream's whole checkpoint, in private memory; `fabric.load_raw` of a module's
     and an optimizer's state dict files restores them as upstream's does; both in turns."""
     for action, extra in (
-        ("load_full", {"ckpt_path": saved["ckpt"]}),
-        ("load_raw", {"raw_module_path": saved["module"], "raw_optimizer_path": saved["optimizer"]}),
+        ("load_full", {"ckpt_path": fabric_saved["ckpt"]}),
+        ("load_raw", {"raw_module_path": fabric_saved["module"], "raw_optimizer_path": fabric_saved["optimizer"]}),
     ):
         upstream = _ok({"fabric": "upstream", "action": action, "out": str(tmp_path / f"{action}-up"), **extra})
         ours = _ok({"fabric": "ours", "action": action, "out": str(tmp_path / f"{action}-ours"), **extra})
@@ -135,12 +121,12 @@ def test_load_of_the_whole_checkpoint_and_load_raw_equal_upstream(tmp_path: Path
     ],
 )
 def test_failures_raise_upstreams_exception_type_on_every_rank(
-    tmp_path: Path, saved: dict[str, str], case: str, config: dict[str, Any]
+    tmp_path: Path, fabric_saved: dict[str, str], case: str, config: dict[str, Any]
 ) -> None:
     """A load that fails raises on every rank an exception of upstream's type: rank 0, which failed, its own; the other
     rank a CheckpointRestoreError naming rank 0; within the job timeout, and the checkpoint file is left as it was."""
-    before = Path(saved["ckpt"]).read_bytes()
-    common = {"action": "load", "ckpt_path": saved["ckpt"], **config}
+    before = Path(fabric_saved["ckpt"]).read_bytes()
+    common = {"action": "load", "ckpt_path": fabric_saved["ckpt"], **config}
     upstream = _run({**common, "fabric": "upstream", "out": str(tmp_path / "upstream")})
     ours = _run({**common, "fabric": "ours", "out": str(tmp_path / "ours")})
     assert upstream.returncode != 0 and ours.returncode != 0, case
@@ -152,31 +138,35 @@ def test_failures_raise_upstreams_exception_type_on_every_rank(
             assert mine["type"] == theirs["type"] and "CheckpointRestoreError" not in mine["mro"], mine
         else:
             assert "CheckpointRestoreError" in mine["mro"] and "rank 0" in mine["message"], mine
-    assert Path(saved["ckpt"]).read_bytes() == before
+    assert Path(fabric_saved["ckpt"]).read_bytes() == before
 
 
-def test_strategy_overriding_load_warns_once_and_loads_as_upstream(tmp_path: Path, saved: dict[str, str]) -> None:
+def test_strategy_overriding_load_warns_once_and_loads_as_upstream(
+    tmp_path: Path, fabric_saved: dict[str, str], fabric_upstream_load: dict[int, Any]
+) -> None:
     """A DDP strategy that overrides `load_checkpoint` gets one warning and upstream's load, with no turns."""
-    common = {"action": "load", "ckpt_path": saved["ckpt"], "strategy": "ddp_overriding_load"}
-    upstream = _ok({**common, "fabric": "upstream", "out": str(tmp_path / "upstream")})
-    result = _run({**common, "fabric": "ours", "out": str(tmp_path / "ours")})
+    config = {"action": "load", "ckpt_path": fabric_saved["ckpt"], "strategy": "ddp_overriding_load", "fabric": "ours"}
+    result = _run({**config, "out": str(tmp_path / "ours")})
     assert result.returncode == 0 and not result.errors, result.output[-4000:]
-    _assert_same_end_state(result.ranks, upstream, ("params", "optimizer", "scheduler", "counter", "remainder"))
+    # the strategy's override only calls upstream's method: its load is upstream's DDP load
+    _assert_same_end_state(
+        result.ranks, fabric_upstream_load, ("params", "optimizer", "scheduler", "counter", "remainder")
+    )
     assert result.output.count("has no effect with DDPOverridingLoad: it overrides load_checkpoint") == 1
     assert not turn_intervals(result.ranks)
 
 
 @pytest.mark.parametrize(("launcher", "flavour"), [("fabric", "lightning_fabric"), ("torchrun", "lightning")])
 def test_fsdp_full_checkpoint_loads_together_memory_mapped_and_equals_upstream(
-    tmp_path: Path, saved: dict[str, str], launcher: str, flavour: str
+    tmp_path: Path, fabric_saved: dict[str, str], upstream_fsdp_load: dict[int, Any], launcher: str, flavour: str
 ) -> None:
     """Under Fabric's FSDP, `fabric.load` of a full checkpoint (here the DDP job's: a model moving to FSDP) runs on
     every rank together, memory-mapped, and ends every rank exactly as upstream's FSDP load does: each rank's
     shards of the weights and of the optimizer state, the scheduler, a stateful object, plain values, the remainder,
     and 2 more training steps; nothing a rank keeps lies in the file's pages."""
-    common = {"action": "load", "ckpt_path": saved["ckpt"], "strategy": "fsdp", "flavour": flavour}
-    upstream = _ok({**common, "fabric": "upstream", "out": str(tmp_path / "upstream")}, launcher)
-    result = _run({**common, "fabric": "ours", "out": str(tmp_path / "ours")}, launcher)
+    config = {"action": "load", "ckpt_path": fabric_saved["ckpt"], "strategy": "fsdp", "flavour": flavour}
+    result = _run({**config, "fabric": "ours", "out": str(tmp_path / "ours")}, launcher)
+    upstream = upstream_fsdp_load
     assert result.returncode == 0 and not result.errors, (result.output[-6000:], result.errors)
     ours = result.ranks
     _assert_same_end_state(ours, upstream, ("params", "optimizer", "scheduler", "counter", "plain_state", "remainder"))
@@ -194,11 +184,11 @@ def test_fsdp_full_checkpoint_loads_together_memory_mapped_and_equals_upstream(
         assert got["file_backed"] == [], f"rank {rank}: tensors still in the file's pages: {got['file_backed']}"
 
 
-def test_fsdp_strict_key_error_is_upstreams_on_every_rank(tmp_path: Path, saved: dict[str, str]) -> None:
+def test_fsdp_strict_key_error_is_upstreams_on_every_rank(tmp_path: Path, fabric_saved: dict[str, str]) -> None:
     """Under FSDP a key of `state` missing from the checkpoint raises upstream's exception, with upstream's message,
     on every rank (they load together: no rank waits on another), and leaves the file as it was."""
-    before = Path(saved["ckpt"]).read_bytes()
-    common = {"action": "load", "ckpt_path": saved["ckpt"], "strategy": "fsdp", "missing_keys": ["absent"]}
+    before = Path(fabric_saved["ckpt"]).read_bytes()
+    common = {"action": "load", "ckpt_path": fabric_saved["ckpt"], "strategy": "fsdp", "missing_keys": ["absent"]}
     upstream = _run({**common, "fabric": "upstream", "out": str(tmp_path / "upstream")})
     ours = _run({**common, "fabric": "ours", "out": str(tmp_path / "ours")})
     assert upstream.returncode != 0 and ours.returncode != 0
@@ -207,7 +197,7 @@ def test_fsdp_strict_key_error_is_upstreams_on_every_rank(tmp_path: Path, saved:
         theirs, mine = upstream.errors[rank], ours.errors[rank]
         assert (mine["type"], mine["message"]) == (theirs["type"], theirs["message"]), rank
         assert "absent" in mine["message"], mine["message"]
-    assert Path(saved["ckpt"]).read_bytes() == before
+    assert Path(fabric_saved["ckpt"]).read_bytes() == before
 
 
 def test_single_process_raises_the_original_exception_and_bad_values_are_refused(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from filelock import FileLock
 
-from tests.helpers.launch import JobResult, run_job
+from tests.helpers.launch import JOB, JobResult, run_job
 
 JOB_TIMEOUT = 180.0
 
@@ -37,7 +37,9 @@ def rank_files(out: Path) -> dict[int, Path]:
     return {int(p.stem[4:]): p for p in out.glob("rank*.pt")}
 
 
-def shared_job(tmp_path_factory: pytest.TempPathFactory, name: str, config: dict[str, Any]) -> dict[int, Any]:
+def shared_job(
+    tmp_path_factory: pytest.TempPathFactory, name: str, config: dict[str, Any], script: Path = JOB
+) -> dict[int, Any]:
     """Run a job that must succeed once per test session (whichever xdist worker asks first); every rank's result.
 
     ``config["out"]`` is set to ``<shared dir>/<name>``; other paths in ``config`` may refer to the shared dir.
@@ -47,7 +49,7 @@ def shared_job(tmp_path_factory: pytest.TempPathFactory, name: str, config: dict
     out = root / name
     with FileLock(str(root / f"lock-{name}")):
         if not (out / "done").exists():
-            result = run_job({**config, "out": str(out)}, timeout=JOB_TIMEOUT)
+            result = run_job({**config, "out": str(out)}, timeout=JOB_TIMEOUT, script=script)
             assert result.returncode == 0, result.output[-4000:]
             assert not result.errors, result.errors
             (out / "done").write_text("")
