@@ -9,34 +9,50 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers.checks import assert_same, assert_training_state_equal, max_concurrent, run_ok, turn_intervals
+from tests.helpers.checks import (
+    assert_same,
+    assert_training_state_equal,
+    max_concurrent,
+    run_ok,
+    shared_job,
+    turn_intervals,
+)
 
 pytestmark = pytest.mark.timeout(400)
+
+ON = {"serialized": True}
+
+
+@pytest.fixture(scope="module")
+def resumed_in_turns(tmp_path_factory: pytest.TempPathFactory, reference: dict[str, Any]) -> dict[int, Any]:
+    """Our Trainer resuming the reference checkpoint to epoch 2 with the option on and its default (memory-mapped)
+    reader, every rank's end state; one job per test session, for the tests below that look at this run. The lr
+    scheduler's `load_state_dict` sleeps 1 s (see `test_second_stage_runs_at_once_unless_it_reads_again`)."""
+    config = {"trainer": "ours", **ON, "max_epochs": 2, "ckpt_path": reference["ckpt"], "scheduler_load_sleep": 1.0}
+    return shared_job(tmp_path_factory, "ours-resume", config)
 
 
 @pytest.mark.parametrize(
     "variant",
     [
-        pytest.param({"serialized": True}, id="True"),
+        pytest.param(ON, id="True"),
         pytest.param({"serialized": 2}, id="2"),
         pytest.param({"serialized": True, "flavour": "lightning"}, id="lightning-flavour"),
         pytest.param({"serialized": True, "strategy": "ddp_spawn"}, id="ddp-spawn"),
     ],
 )
-def test_fit_resume_is_bit_identical(tmp_path: Path, reference: dict[str, Any], variant: dict[str, Any]) -> None:
+def test_fit_resume_is_bit_identical(
+    tmp_path: Path, reference: dict[str, Any], variant: dict[str, Any], request: pytest.FixtureRequest
+) -> None:
     """Resuming with the option on equals an uninterrupted run exactly, on every rank, in turns: also with
     `serialized_restore.lightning.Trainer` (for `import lightning.pytorch`) and with `ddp_spawn` (spawned ranks)."""
-    result = run_ok(
-        {
-            "trainer": "ours",
-            **variant,
-            "out": str(tmp_path),
-            "max_epochs": 2,
-            "ckpt_path": reference["ckpt"],
-        }
-    )
-    assert_training_state_equal(result.ranks, reference["uninterrupted"])
-    for rank, got in result.ranks.items():
+    if variant is ON:
+        ranks = request.getfixturevalue("resumed_in_turns")
+    else:
+        config = {"trainer": "ours", **variant, "out": str(tmp_path), "max_epochs": 2, "ckpt_path": reference["ckpt"]}
+        ranks = run_ok(config).ranks
+    assert_training_state_equal(ranks, reference["uninterrupted"])
+    for rank, got in ranks.items():
         # the second stage never sees model weights again, and runs on optimizer state copied out of the file
         view = got["stage2_view"]
         assert view["tensor_bytes"]["state_dict"] == 0, f"rank {rank}"
@@ -51,45 +67,35 @@ def test_fit_resume_is_bit_identical(tmp_path: Path, reference: dict[str, Any], 
 
 @pytest.mark.parametrize("reader", ["mmap", "eager"])
 def test_second_stage_runs_at_once_unless_it_reads_again(
-    tmp_path: Path, reference: dict[str, Any], reader: str
+    tmp_path: Path, reference: dict[str, Any], reader: str, request: pytest.FixtureRequest
 ) -> None:
     """Stage 2 of a fit restore runs on every rank at once when it copies out of the mapped file only what the
     optimizers keep (nothing transient), and in turns when each rank reads the optimizer state again (a transient
     of the file's size); either way the resume is exact. The lr scheduler's `load_state_dict` sleeps 1 s, so that
-    turns run at once overlap and turns taken in order cannot."""
-    result = run_ok(
-        {
-            "trainer": "ours",
-            "serialized": True,
-            "out": str(tmp_path),
-            "max_epochs": 2,
-            "ckpt_path": reference["ckpt"],
-            "scheduler_load_sleep": 1.0,
-        },
-        env={"SERIALIZED_RESTORE_READER": reader},
-    )
-    assert_training_state_equal(result.ranks, reference["uninterrupted"])
-    stages = turn_intervals(result.ranks)
+    turns run at once overlap and turns taken in order cannot. (mmap is the default reader: the shared run's log
+    says the file was memory-mapped, `test_fit_resume_is_bit_identical[True]`.)"""
+    if reader == "mmap":
+        ranks = request.getfixturevalue("resumed_in_turns")
+    else:
+        config = {"trainer": "ours", **ON, "out": str(tmp_path), "max_epochs": 2, "ckpt_path": reference["ckpt"]}
+        ranks = run_ok({**config, "scheduler_load_sleep": 1.0}, env={"SERIALIZED_RESTORE_READER": reader}).ranks
+    assert_training_state_equal(ranks, reference["uninterrupted"])
+    stages = turn_intervals(ranks)
     assert max_concurrent(stages["restore modules and callbacks"]) == 1, stages
     second = stages["restore training state"]
     assert sorted(r for _, _, r in second) == [0, 1], second
     assert max_concurrent(second) == (2 if reader == "mmap" else 1), sorted(second)
-    lines = [m for _, m in result.ranks[1]["turn_log"] if "turn for 'restore training state'" in m]
+    lines = [m for _, m in ranks[1]["turn_log"] if "turn for 'restore training state'" in m]
     if reader == "mmap":  # no start line: the rank did not wait
         assert len(lines) == 1 and "ended in" in lines[0] and "with the node's other ranks at once" in lines[0], lines
     else:
         assert len(lines) == 2 and "started after waiting" in lines[0], lines
 
 
-def test_hooks_see_what_upstream_hooks_see(
-    tmp_path: Path, reference: dict[str, Any], upstream_resume: dict[int, Any]
-) -> None:
+def test_hooks_see_what_upstream_hooks_see(resumed_in_turns: dict[int, Any], upstream_resume: dict[int, Any]) -> None:
     """`on_load_checkpoint` of module and callback and the callback's `load_state_dict` get upstream's content."""
-    result = run_ok(
-        {"trainer": "ours", "serialized": True, "out": str(tmp_path), "max_epochs": 2, "ckpt_path": reference["ckpt"]}
-    )
-    assert sorted(result.ranks) == sorted(upstream_resume)
-    for rank, got in result.ranks.items():
+    assert sorted(resumed_in_turns) == sorted(upstream_resume)
+    for rank, got in resumed_in_turns.items():
         expected = upstream_resume[rank]
         assert len(got["module_records"]) == 1, f"rank {rank}: module hook not called exactly once"
         assert got["module_records"] == expected["module_records"], f"rank {rank}"
