@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness.processes import REPO, job_env, kill_job
-from tests.helpers.checks import assert_same
+from tests.helpers.checks import assert_same, once_per_session
 
 HELPERS = Path(__file__).with_name("helpers")
 PTH = REPO / "serialized_restore" / "_bootstrap" / "serialized_restore.pth"
@@ -50,56 +50,72 @@ def _run(command: list[str], cwd: Path, *, expect_ok: bool = True, env: dict[str
     return output
 
 
-def _resume_both_ways(command: list[str], tmp_path: Path, launcher_options: list[str]) -> tuple[str, str]:
-    """The program run as it is (upstream) and under the launcher, each in its own directory: both logs."""
-    plain = _run(command, tmp_path / "plain")
-    launched = _run([*LAUNCHER, *launcher_options, "--", *command], tmp_path / "launched")
-    return plain, launched
-
-
-def _assert_launched_like_upstream(tmp_path: Path, plain: str, launched: str, announced: str) -> None:
+def _assert_launched_like_upstream(
+    launched_dir: Path, launched: str, announced: str, plain_dir: Path, plain: str
+) -> None:
     """Only the launched run switched the option on (one line, rank 0's) and took turns, on both ranks; both runs
     resumed every rank to the same bits (model, Adam state, step)."""
     assert "serialized restore" not in plain, plain[-6000:]
     assert launched.count("serialized restore:") > launched.count(announced) == 1, launched[-6000:]
     for rank in (0, 1):
         assert f"[rank {rank}] serialized restore: turn for " in launched, launched[-6000:]
-        got = torch.load(tmp_path / "launched" / f"resumed_rank{rank}.pt", weights_only=False)
-        expected = torch.load(tmp_path / "plain" / f"resumed_rank{rank}.pt", weights_only=False)
+        got = torch.load(launched_dir / f"resumed_rank{rank}.pt", weights_only=False)
+        expected = torch.load(plain_dir / f"resumed_rank{rank}.pt", weights_only=False)
         assert expected["optimizer"]["state"], "the checkpoint holds Adam's state"
         assert_same(got, expected, f"rank {rank}")
 
 
 @pytest.fixture(scope="module")
 def trainer_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A checkpoint of the Trainer programs' model after two steps (one CPU device, upstream's Trainer)."""
-    from lightning.pytorch import Trainer
+    """A checkpoint of the Trainer programs' model after two steps (one CPU device, upstream's Trainer), one per test
+    session."""
 
-    program = runpy.run_path(str(HELPERS / "launched_trainer.py"))
-    path = tmp_path_factory.mktemp("checkpoint") / "two_steps.ckpt"
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=path.parent,
-    )
-    trainer.fit(program["Net"]())
-    trainer.save_checkpoint(path)
-    return path
+    def save(directory: Path) -> None:
+        from lightning.pytorch import Trainer
+
+        program = runpy.run_path(str(HELPERS / "launched_trainer.py"))
+        trainer = Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_steps=2,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=directory,
+        )
+        trainer.fit(program["Net"]())
+        trainer.save_checkpoint(directory / "two_steps.ckpt")
+
+    return once_per_session(tmp_path_factory, "launcher-checkpoint", save) / "two_steps.ckpt"
+
+
+@pytest.fixture(scope="module")
+def upstream_resumed(tmp_path_factory: pytest.TempPathFactory, trainer_checkpoint: Path) -> tuple[Path, str]:
+    """The Trainer program run as it is (upstream, 2 ranks) from that checkpoint, once per test session: the
+    directory holding each rank's state right after the restore, and the log. The CLI and `torchrun` programs build
+    the same model and optimizer and resume from the same checkpoint, so this state is what upstream gives them too."""
+
+    def resume(directory: Path) -> None:
+        command = [sys.executable, str(HELPERS / "launched_trainer.py"), str(trainer_checkpoint)]
+        (directory / "log.txt").write_text(_run(command, directory))
+
+    plain_dir = once_per_session(tmp_path_factory, "launcher-upstream-resume", resume)
+    return plain_dir, (plain_dir / "log.txt").read_text()
 
 
 def test_fabric_program_resumes_in_turns(tmp_path: Path) -> None:
     """A script building `lightning.fabric.Fabric` in its `main`, 2 ranks through Fabric's launcher: `fabric.load`."""
-    plain, launched = _resume_both_ways([sys.executable, str(HELPERS / "launched_fabric.py")], tmp_path, [])
+    command = [sys.executable, str(HELPERS / "launched_fabric.py")]
+    plain = _run(command, tmp_path / "plain")
+    launched = _run([*LAUNCHER, "--", *command], tmp_path / "launched")
     announced = f"serialized restore: Fabric(serialized_checkpoint_loading=True) {LAUNCHED} (SERIALIZED_RESTORE=1)"
-    _assert_launched_like_upstream(tmp_path, plain, launched, announced)
+    _assert_launched_like_upstream(tmp_path / "launched", launched, announced, tmp_path / "plain", plain)
 
 
-def test_lightning_cli_resumes_in_turns(tmp_path: Path, trainer_checkpoint: Path) -> None:
+def test_lightning_cli_resumes_in_turns(
+    tmp_path: Path, trainer_checkpoint: Path, upstream_resumed: tuple[Path, str]
+) -> None:
     """A `LightningCLI` script, `fit --ckpt_path` on 2 ranks, with `--k 2`: the parser's default is the launcher's."""
     pytest.importorskip("jsonargparse")
     command = [
@@ -112,28 +128,32 @@ def test_lightning_cli_resumes_in_turns(tmp_path: Path, trainer_checkpoint: Path
         "--trainer.strategy=ddp",
         "--trainer.max_steps=3",
     ]
-    plain, launched = _resume_both_ways(command, tmp_path, ["--k", "2"])
+    launched = _run([*LAUNCHER, "--k", "2", "--", *command], tmp_path)
     announced = f"serialized restore: Trainer(serialized_checkpoint_loading=2) {LAUNCHED} (SERIALIZED_RESTORE=2)"
-    _assert_launched_like_upstream(tmp_path, plain, launched, announced)
+    _assert_launched_like_upstream(tmp_path, launched, announced, *upstream_resumed)
 
 
-def test_trainer_subclass_defined_at_import_resumes_in_turns(tmp_path: Path, trainer_checkpoint: Path) -> None:
+def test_trainer_subclass_defined_at_import_resumes_in_turns(
+    tmp_path: Path, trainer_checkpoint: Path, upstream_resumed: tuple[Path, str]
+) -> None:
     """A program whose own `Trainer` subclass is defined at import inherits the option: `fit(ckpt_path=...)`."""
     command = [sys.executable, str(HELPERS / "launched_trainer.py"), str(trainer_checkpoint)]
-    plain, launched = _resume_both_ways(command, tmp_path, [])
+    launched = _run([*LAUNCHER, "--", *command], tmp_path)
     announced = (
         f"serialized restore: RecipeTrainer(serialized_checkpoint_loading=True) {LAUNCHED} (SERIALIZED_RESTORE=1)"
     )
-    _assert_launched_like_upstream(tmp_path, plain, launched, announced)
+    _assert_launched_like_upstream(tmp_path, launched, announced, *upstream_resumed)
 
 
-def test_torchrun_ranks_resume_in_turns(tmp_path: Path, trainer_checkpoint: Path) -> None:
+def test_torchrun_ranks_resume_in_turns(
+    tmp_path: Path, trainer_checkpoint: Path, upstream_resumed: tuple[Path, str]
+) -> None:
     """`torchrun` with 2 ranks of a `pytorch_lightning` script: the ranks torchrun starts get the option (`--k 1`)."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command = [*torchrun, str(HELPERS / "launched_torchrun.py"), str(trainer_checkpoint)]
-    plain, launched = _resume_both_ways(command, tmp_path, ["--k", "1"])
+    launched = _run([*LAUNCHER, "--k", "1", "--", *command], tmp_path)
     announced = f"serialized restore: Trainer(serialized_checkpoint_loading=True) {LAUNCHED} (SERIALIZED_RESTORE=1)"
-    _assert_launched_like_upstream(tmp_path, plain, launched, announced)
+    _assert_launched_like_upstream(tmp_path, launched, announced, *upstream_resumed)
 
 
 def test_every_flavour_is_replaced_when_lightning_is_imported(tmp_path: Path) -> None:

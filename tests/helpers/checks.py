@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -37,22 +37,34 @@ def rank_files(out: Path) -> dict[int, Path]:
     return {int(p.stem[4:]): p for p in out.glob("rank*.pt")}
 
 
-def shared_job(
-    tmp_path_factory: pytest.TempPathFactory, name: str, config: dict[str, Any], script: Path = JOB
-) -> dict[int, Any]:
-    """Run a job that must succeed once per test session (whichever xdist worker asks first); every rank's result.
-
-    ``config["out"]`` is set to ``<shared dir>/<name>``; other paths in ``config`` may refer to the shared dir.
-    """
+def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """``<shared dir>/<name>``, made by ``make(directory)`` once per test session (whichever xdist worker asks
+    first; the others wait for it)."""
     root = shared_dir(tmp_path_factory)
     root.mkdir(parents=True, exist_ok=True)
     out = root / name
     with FileLock(str(root / f"lock-{name}")):
         if not (out / "done").exists():
-            result = run_job({**config, "out": str(out)}, timeout=JOB_TIMEOUT, script=script)
-            assert result.returncode == 0, result.output[-4000:]
-            assert not result.errors, result.errors
+            out.mkdir(exist_ok=True)
+            make(out)
             (out / "done").write_text("")
+    return out
+
+
+def shared_job(
+    tmp_path_factory: pytest.TempPathFactory, name: str, config: dict[str, Any], script: Path = JOB
+) -> dict[int, Any]:
+    """Run a job that must succeed once per test session; every rank's result.
+
+    ``config["out"]`` is set to ``<shared dir>/<name>``; other paths in ``config`` may refer to the shared dir.
+    """
+
+    def run(out: Path) -> None:
+        result = run_job({**config, "out": str(out)}, timeout=JOB_TIMEOUT, script=script)
+        assert result.returncode == 0, result.output[-4000:]
+        assert not result.errors, result.errors
+
+    out = once_per_session(tmp_path_factory, name, run)
     return {r: torch.load(p, weights_only=False) for r, p in rank_files(out).items()}
 
 
