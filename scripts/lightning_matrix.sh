@@ -25,7 +25,7 @@ TESTS=(
   "tests/test_restore.py::test_fit_resume_is_bit_identical[True]"
   "tests/test_restore.py::test_fit_resume_is_bit_identical[lightning-flavour]"
   "tests/test_restore.py::test_evaluation_entry_points"
-  "tests/test_failures.py::test_an_exception_on_one_rank_ends_a_ddp_job"
+  "tests/test_failures.py::test_an_exception_on_one_rank_ends_a_ddp_job_and_no_half_restored_model_is_saved"
   "tests/test_fabric.py::test_load_equals_upstream_and_keeps_nothing_backed_by_the_file"
   tests/test_private_names.py
   tests/test_compat.py
