@@ -1,5 +1,8 @@
 """The rows of the strategy table not covered elsewhere: fork-started DDP, `ddp_find_unused_parameters_true`, a single
-device against upstream, and a user's `DDPStrategy` subclass that leaves the restore methods alone."""
+device against upstream, and a user's `DDPStrategy` subclass that leaves the restore methods alone.
+
+`ddp_find_unused_parameters_true` is Lightning's registry name for `DDPStrategy(find_unused_parameters=True)`: the
+user's subclass is registered with that setting, so its job covers both rows."""
 
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ def assert_every_rank_wrote_its_result(out: Path, ranks: dict[int, Any], world_s
 
 
 # `ddp_notebook` is registered as `ddp_fork` (the same DDPStrategy, start method "fork")
-@pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_find_unused_parameters_true"])
+@pytest.mark.parametrize("strategy", ["ddp_fork"])
 def test_ddp_family_resume_is_bit_identical_in_turns(tmp_path: Path, reference: dict[str, Any], strategy: str) -> None:
     """Resuming with the option on equals the uninterrupted run on every rank, and the ranks restore in turns.
 
@@ -96,7 +99,8 @@ def test_single_device_fit_resume_matches_upstream(tmp_path: Path, reference: di
 
 _SUBCLASS_JOB = '''\
 """tests/helpers/job.py with two DDPStrategy subclasses: `strategy="plain_ddp_subclass"` overrides an unrelated
-method and none of the restore methods, `strategy="overriding_ddp_subclass"` overrides `load_checkpoint`."""
+method and none of the restore methods (registered with `find_unused_parameters=True`, as Lightning registers
+`ddp_find_unused_parameters_true`), `strategy="overriding_ddp_subclass"` overrides `load_checkpoint`."""
 
 import json
 import sys
@@ -109,9 +113,10 @@ pl = lightning_module(config.get("flavour", "pytorch_lightning"))
 
 
 class PlainDDPSubclass(pl.strategies.DDPStrategy):
-    def setup_environment(self):
-        super().setup_environment()
-        print(f"PlainDDPSubclass in use on rank {self.global_rank}", flush=True)
+    def setup(self, trainer):
+        super().setup(trainer)
+        unused = self.model.find_unused_parameters  # torch's DistributedDataParallel, wrapped for fit
+        print(f"PlainDDPSubclass in use on rank {self.global_rank}, find_unused_parameters={unused}", flush=True)
 
 
 class OverridingDDPSubclass(pl.strategies.DDPStrategy):
@@ -120,7 +125,7 @@ class OverridingDDPSubclass(pl.strategies.DDPStrategy):
         return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 
 
-pl.strategies.StrategyRegistry.register("plain_ddp_subclass", PlainDDPSubclass)
+pl.strategies.StrategyRegistry.register("plain_ddp_subclass", PlainDDPSubclass, find_unused_parameters=True)
 pl.strategies.StrategyRegistry.register("overriding_ddp_subclass", OverridingDDPSubclass)
 job.main(config)
 '''
@@ -148,14 +153,16 @@ def _run_subclass_job(tmp_path: Path, reference: dict[str, Any], strategy: str, 
 
 def test_ddp_subclass_without_restore_overrides_is_treated_as_ddp(tmp_path: Path, reference: dict[str, Any]) -> None:
     """A user's `DDPStrategy` subclass that does not override `load_checkpoint`, `load_model_state_dict` or
-    `load_optimizer_state_dict` restores in turns like DDP, bit-identically, with no warning.
+    `load_optimizer_state_dict` restores in turns like DDP, bit-identically, with no warning; here with
+    `find_unused_parameters=True`, what `ddp_find_unused_parameters_true` sets.
 
     tests/helpers/job.py takes a strategy by name only, so this runs it through a small script that registers the
     subclass under a name in Lightning's strategy registry (in every rank: the `ddp` launcher re-runs the script) and
     then runs `job.main` unchanged."""
     out = tmp_path / "out"
     result = _run_subclass_job(tmp_path, reference, "plain_ddp_subclass", hook_sleep=HOOK_SLEEP)
-    assert "PlainDDPSubclass in use on rank 0" in result.output and "PlainDDPSubclass in use on rank 1" in result.output
+    for rank in (0, 1):
+        assert f"PlainDDPSubclass in use on rank {rank}, find_unused_parameters=True" in result.output
     assert NO_EFFECT not in result.output, result.output[-4000:]
     assert_every_rank_wrote_its_result(out, result.ranks, world_size=2)
     assert_training_state_equal(result.ranks, reference["uninterrupted"])
