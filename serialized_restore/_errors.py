@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
-from serialized_restore._checkpoint_file import explain_failure
 from serialized_restore._options import TURN_TIMEOUT_SETTING
 from serialized_restore._placement import RankPlacement
 
@@ -233,6 +232,10 @@ def stalled_failure(observer: RankPlacement, stage: str, waited: str, bound: flo
 
 def failure_from_exception(rank: RankPlacement, stage: str, err: BaseException, checkpoint_path: str) -> RankFailure:
     """The record of an exception raised on this rank, led by what is wrong with the file when that can be told."""
+    # imported here: it imports torch, which the package's import (and so the launcher, before it starts the
+    # program) does without
+    from serialized_restore._checkpoint_file import explain_failure
+
     message = f"{type(err).__name__}: {err}"
     explanation = None if isinstance(err, _SAYS_WHY) else explain_failure(checkpoint_path, err)
     if explanation is not None and isinstance(err, pickle.UnpicklingError):

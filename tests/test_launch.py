@@ -256,3 +256,12 @@ def test_help_explains_itself(tmp_path: Path) -> None:
     output = _run([*LAUNCHER, "--help"], tmp_path)
     for needed in ("usage: serialized-restore run", "SERIALIZED_RESTORE", "sitecustomize", "examples:", "torchrun"):
         assert needed in output, output
+
+
+def test_the_launcher_starts_the_program_without_importing_torch(tmp_path: Path) -> None:
+    """The launcher's own process imports neither torch nor Lightning before it becomes the program (the program
+    imports them itself): starting under the launcher costs no import twice."""
+    output = _run([sys.executable, "-X", "importtime", *LAUNCHER[1:], "--", sys.executable, "-c", "pass"], tmp_path)
+    imported = {line.split("|")[-1].strip() for line in output.splitlines() if line.startswith("import time:")}
+    assert "serialized_restore._launch" in imported, output[-3000:]
+    assert not {name for name in imported if name.split(".")[0] in ("torch", "lightning", "pytorch_lightning")}
