@@ -25,6 +25,7 @@ from tests.helpers.checks import (
     assert_same,
     assert_training_state_equal,
     max_concurrent,
+    once_per_session,
     run_ok,
     turn_intervals,
 )
@@ -52,8 +53,17 @@ def _cuda_tagged(source: str, target: Path) -> str:
 
 @pytest.fixture(scope="module")
 def gpu_checkpoint(reference: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The 2-rank reference checkpoint as a GPU job writes it."""
-    return _cuda_tagged(reference["ckpt"], tmp_path_factory.mktemp("gpu-ckpt") / "epoch1-cuda.ckpt")
+    """The 2-rank reference checkpoint as a GPU job writes it (once per test session)."""
+    return _shared_cuda_tagged(tmp_path_factory, reference["ckpt"], "epoch1-cuda.ckpt")
+
+
+def _shared_cuda_tagged(tmp_path_factory: pytest.TempPathFactory, source: str, name: str) -> str:
+    """``_cuda_tagged(source)``, made once per test session (whichever xdist worker asks first)."""
+
+    def make(directory: Path) -> None:
+        _cuda_tagged(source, directory / name)
+
+    return str(once_per_session(tmp_path_factory, name, make) / name)
 
 
 def _read_lines(ranks: dict[int, Any], stage: str) -> list[str]:
@@ -77,8 +87,8 @@ def test_trainer_restores_a_gpu_checkpoint_on_cpu(
 
 @pytest.fixture(scope="module")
 def fabric_gpu_checkpoint(fabric_saved: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The checkpoint upstream Fabric saved on 2 ranks, as a GPU job writes it."""
-    return _cuda_tagged(fabric_saved["ckpt"], tmp_path_factory.mktemp("fabric-gpu") / "fabric-cuda.ckpt")
+    """The checkpoint upstream Fabric saved on 2 ranks, as a GPU job writes it (once per test session)."""
+    return _shared_cuda_tagged(tmp_path_factory, fabric_saved["ckpt"], "fabric-cuda.ckpt")
 
 
 @pytest.mark.parametrize("reader", ["mmap"])  # eager: upstream's `checkpoint_io.load_checkpoint`, as above

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.checks import once_per_session
+
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.timeout(600)
@@ -26,15 +28,20 @@ _NOT_SOURCES = (
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A wheel and an sdist of this tree (built without network, with this environment's setuptools)."""
+    """A wheel and an sdist of this tree (built without network, with this environment's setuptools), once per test
+    session."""
     pytest.importorskip("build")
-    out = tmp_path_factory.mktemp("dist")
-    # build from a copy of the tree, so that no stale build directory leaks in and the build leaves nothing behind
-    tree = tmp_path_factory.mktemp("src") / "tree"
-    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
-    run = [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(tree)]
-    subprocess.run(run, check=True, capture_output=True, text=True)
-    return out
+
+    def build(directory: Path) -> None:
+        # build from a copy of the tree, so that no stale build directory leaks in and the build leaves nothing behind
+        tree = directory / "tree"
+        shutil.rmtree(tree, ignore_errors=True)  # what a failed build of an earlier worker left
+        shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
+        run = [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(directory / "dist"), str(tree)]
+        subprocess.run(run, check=True, capture_output=True, text=True)
+        shutil.rmtree(tree)
+
+    return once_per_session(tmp_path_factory, "dist", build) / "dist"
 
 
 def test_wheel_metadata_is_complete(dist: Path) -> None:
