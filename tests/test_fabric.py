@@ -99,18 +99,25 @@ def test_load_equals_upstream_and_keeps_nothing_backed_by_the_file(
 
 def test_load_of_the_whole_checkpoint_and_load_raw_equal_upstream(tmp_path: Path, fabric_saved: dict[str, str]) -> None:
     """`fabric.load(path)` returns upstream's whole checkpoint, in private memory; `fabric.load_raw` of a module's
-    and an optimizer's state dict files restores them as upstream's does; both in turns."""
-    for action, extra in (
-        ("load_full", {"ckpt_path": fabric_saved["ckpt"]}),
-        ("load_raw", {"raw_module_path": fabric_saved["module"], "raw_optimizer_path": fabric_saved["optimizer"]}),
-    ):
-        upstream = _ok({"fabric": "upstream", "action": action, "out": str(tmp_path / f"{action}-up"), **extra})
-        ours = _ok({"fabric": "ours", "action": action, "out": str(tmp_path / f"{action}-ours"), **extra})
+    and an optimizer's state dict files restores them as upstream's does; both in turns (one job each for upstream
+    and ours, running the two loads one after the other)."""
+    config = {
+        "action": ["load_full", "load_raw"],
+        "ckpt_path": fabric_saved["ckpt"],
+        "raw_module_path": fabric_saved["module"],
+        "raw_optimizer_path": fabric_saved["optimizer"],
+    }
+    upstream = _ok({**config, "fabric": "upstream", "out": str(tmp_path / "upstream")})
+    ours = _ok({**config, "fabric": "ours", "out": str(tmp_path / "ours")})
+    for action in config["action"]:
         keys = ("params", "optimizer", "scheduler") + (("remainder",) if action == "load_full" else ())
-        _assert_same_end_state(ours, upstream, keys)
+        _assert_same_end_state(
+            {r: got[action] for r, got in ours.items()}, {r: got[action] for r, got in upstream.items()}, keys
+        )
         for rank, got in ours.items():
-            assert got["file_backed"] == [], f"{action}, rank {rank}: {got['file_backed']}"
-            assert any("turn for 'load checkpoint' ended" in m for _, m in got["turn_log"]), (action, rank)
+            assert got[action]["file_backed"] == [], f"{action}, rank {rank}: {got[action]['file_backed']}"
+            lines = got[action]["turn_log"]
+            assert any("turn for 'load checkpoint' ended" in m for _, m in lines), (action, rank)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,8 @@ strategy that overrides ``load_checkpoint``; ``"fsdp"``: Fabric's FSDP on CPU, f
 ``raw_optimizer_path`` also ``torch.save`` the plain state dicts there), ``"load"`` (``fabric.load(ckpt_path, state,
 strict)``, with ``state_keys`` choosing the state's entries, then ``steps`` more), ``"load_full"``
 (``fabric.load(ckpt_path)``: the whole checkpoint) or ``"load_raw"`` (``fabric.load_raw`` of the module and the
-optimizer files).
+optimizer files), or a list of these, run one after the other in the same processes (every rank's result is then
+a dict of each action's result, with the turn log lines of that action).
 """
 
 from __future__ import annotations
@@ -114,7 +115,14 @@ def main(config: dict[str, Any]) -> None:
     logger.setLevel(logging.DEBUG)
     started = time.time()
     try:
-        result = _run(fabric, config)
+        if isinstance(config["action"], list):  # one after the other, each on a model and optimizer of its own
+            result = {}
+            for action in config["action"]:
+                start = len(log.lines)
+                result[action] = _run(fabric, {**config, "action": action})
+                result[action]["turn_log"] = log.lines[start:]
+        else:
+            result = _run(fabric, config)
     except BaseException as err:
         rank = int(os.environ.get("RANK", fabric.global_rank))
         (out / f"rank{rank}.error.json").write_text(
