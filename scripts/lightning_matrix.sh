@@ -19,13 +19,13 @@ ROOT="$PWD"
 started=$SECONDS
 RELEASES=(2.4 2.5 master)
 [ "$#" -gt 0 ] && RELEASES=("$@")
-# the core subset: exact resume (fit, both flavours; validate, test and predict), one failing rank, fabric.load
-# (both flavours), the private Lightning names, the compatibility decisions
+# the core subset: exact resume (fit, both flavours; validate, test and predict), a rank failing (first, middle or
+# last; in either stage), fabric.load (both flavours), the private Lightning names, the compatibility decisions
 TESTS=(
   "tests/test_restore.py::test_fit_resume_is_bit_identical[True]"
   "tests/test_restore.py::test_fit_resume_is_bit_identical[lightning-flavour]"
   "tests/test_restore.py::test_evaluation_entry_points"
-  "tests/test_failures.py::test_an_exception_on_one_rank_ends_a_ddp_job_and_no_half_restored_model_is_saved"
+  "tests/test_failures.py::test_an_exception_on_one_rank_is_raised_on_every_rank"
   "tests/test_fabric.py::test_load_equals_upstream_and_keeps_nothing_backed_by_the_file"
   tests/test_private_names.py
   tests/test_compat.py
