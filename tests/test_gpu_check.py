@@ -130,8 +130,14 @@ def test_a_job_past_its_timeout_is_killed_and_reported(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_the_whole_run_bound_keeps_the_jobs_that_finished(tmp_path: Path) -> None:
     """With ``--budget`` too short for the run, the jobs that finished keep their results and the rest are reported
-    as not run (whole-run bound); exit 1."""
-    result = _run(["--accelerator", "cpu", "--params", "100000", "--out", str(tmp_path), "--budget", "22"], 100)
+    as not run (whole-run bound); exit 1.
+
+    The budget counts from before the preflight, and no job starts with less than ``MIN_JOB_SECONDS`` left: 30 s
+    lets the first job start after a preflight of up to 15 s (a busy host's), and cuts the run wherever it is, as
+    no more than 15 s of starts fit in it and the plan's 10 jobs take at least 3 s each."""
+    budget = gpu_check.MIN_JOB_SECONDS + 15
+    args = ["--accelerator", "cpu", "--params", "100000", "--out", str(tmp_path), "--budget", f"{budget:g}"]
+    result = _run(args, 100)
     assert result.returncode == gpu_check.EXIT_FAILED, result.stdout + result.stderr
     jobs = json.loads((tmp_path / "results.json").read_text())["jobs"]
     finished = [job for job in jobs if job["status"] == "passed"]
