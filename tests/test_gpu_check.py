@@ -16,12 +16,14 @@ import pytest
 from benchmarks import gpu_check
 
 REPO = Path(__file__).resolve().parents[1]
+# the checkout first, then the tests' start-up folder (tests/helpers/site), for the check and its jobs
+PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 # S = 138 MiB: large enough that 0.1 x S is well above the few MiB a job's memory varies by, small enough for 2 cores
 PARAMS = "12000000"
 
 
 def _run(args: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})}
     return subprocess.run(
         [sys.executable, "benchmarks/gpu_check.py", *args],
         cwd=REPO,
@@ -44,7 +46,7 @@ def _no_cuda() -> None:
 def test_require_gpu_fails_with_the_reason_without_cuda() -> None:
     """``gpu_check.sh --require-gpu`` exits 2 and names the interpreter and why where no CUDA device is visible."""
     _no_cuda()
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH}
     result = subprocess.run(
         ["bash", "benchmarks/gpu_check.sh", "--require-gpu"],
         cwd=REPO,
@@ -62,7 +64,7 @@ def test_require_gpu_fails_with_the_reason_without_cuda() -> None:
 def test_without_require_gpu_it_skips_with_one_line() -> None:
     """Without ``--require-gpu`` and without CUDA it prints one line and exits 0 (a skip, never a measurement)."""
     _no_cuda()
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH}
     result = subprocess.run(
         ["bash", "benchmarks/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=50, check=False
     )
