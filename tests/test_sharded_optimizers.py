@@ -1,12 +1,17 @@
 """Sharded optimizer state: torch's ``ZeroRedundancyOptimizer`` under ``ddp``, and fairscale's ``OSS`` with
 ``ShardedDataParallel`` (Lightning 1.x's ``ddp_sharded``, the setup of the original report, as a Lightning 2.6 strategy
 in ``harness/models.py``). A checkpoint holds the consolidated state; every rank loads it and keeps only its shard.
-Real 2-rank DDP jobs over gloo, real checkpoint files."""
+Real 2-rank DDP jobs over gloo, real checkpoint files.
+
+The checkpoint is the session's 2-rank reference (plain Adam under ``ddp``): a sharded optimizer's consolidated state
+is Adam's state dict, the same keys, parameter groups, indexes, shapes and dtypes as plain Adam's (compared when this
+was set up, for a checkpoint saved under each setup), so a save under each setup would only re-run upstream's save."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,14 +31,15 @@ _SETUPS = {
 
 
 @pytest.mark.parametrize("setup", sorted(_SETUPS))
-def test_sharded_optimizer_resumes_exactly_and_each_rank_copies_only_its_shard(tmp_path: Path, setup: str) -> None:
+def test_sharded_optimizer_resumes_exactly_and_each_rank_copies_only_its_shard(
+    tmp_path: Path, reference: dict[str, Any], setup: str
+) -> None:
     """A fit resume with a sharded optimizer ends every rank (weights, its optimizer shard, step) exactly as
     upstream's resume does, the ranks taking turns one at a time in both stages (a sharded optimizer's
     `load_state_dict` is not torch's own, so stage 2 is not run at once); in its stage-2 turn each rank copies out of
     the mapped file only the state of its own shard, about half of the checkpoint's optimizer state with 2 ranks."""
-    ckpt = tmp_path / "sharded.ckpt"
-    run_ok({"trainer": "upstream", "out": str(tmp_path / "save"), "save_ckpt": str(ckpt), **_SETUPS[setup]})
-    resume = {"max_epochs": 2, "ckpt_path": str(ckpt), **_SETUPS[setup]}
+    ckpt = reference["ckpt"]
+    resume = {"max_epochs": 2, "ckpt_path": ckpt, **_SETUPS[setup]}
     upstream = run_ok({"trainer": "upstream", "out": str(tmp_path / "upstream"), **resume})
     ours = run_ok({"trainer": "ours", "serialized": True, "out": str(tmp_path / "ours"), **resume})
     assert_training_state_equal(ours.ranks, upstream.ranks)
