@@ -12,7 +12,10 @@ strategy that overrides ``load_checkpoint``; ``"fsdp"``: Fabric's FSDP on CPU, f
 strict)``, with ``state_keys`` choosing the state's entries, then ``steps`` more), ``"load_full"``
 (``fabric.load(ckpt_path)``: the whole checkpoint) or ``"load_raw"`` (``fabric.load_raw`` of the module and the
 optimizer files), or a list of these, run one after the other in the same processes (every rank's result is then
-a dict of each action's result, with the turn log lines of that action).
+a dict of each action's result, with the turn log lines of that action). An entry of the list may be a dict: the
+action's own config keys (``"action"`` among them) over the job's. With ``keep_going``, an action that raises does
+not end the job at once: the next one runs, and after the last the job raises the last action's exception, its
+error file listing every action's error (``cases``: an error's fields, or null where the action did not raise).
 """
 
 from __future__ import annotations
@@ -114,32 +117,45 @@ def main(config: dict[str, Any]) -> None:
     logger.addHandler(log)
     logger.setLevel(logging.DEBUG)
     started = time.time()
+    cases: list[dict[str, Any] | None] = []
     try:
         if isinstance(config["action"], list):  # one after the other, each on a model and optimizer of its own
             result = {}
-            for action in config["action"]:
+            last: BaseException | None = None
+            for entry in config["action"]:
+                own = entry if isinstance(entry, dict) else {"action": entry}
+                name = own["action"]
                 start = len(log.lines)
-                result[action] = _run(fabric, {**config, "action": action})
-                result[action]["turn_log"] = log.lines[start:]
+                try:
+                    result[name] = _run(fabric, {**config, **own})
+                    result[name]["turn_log"] = log.lines[start:]
+                    cases.append(None)
+                except Exception as err:
+                    if not config.get("keep_going"):
+                        raise
+                    cases.append(_error(err, started))
+                    last = err
+            if last is not None:
+                raise last
         else:
             result = _run(fabric, config)
     except BaseException as err:
         rank = int(os.environ.get("RANK", fabric.global_rank))
-        (out / f"rank{rank}.error.json").write_text(
-            json.dumps(
-                {
-                    "type": type(err).__name__,
-                    "mro": [c.__name__ for c in type(err).__mro__],
-                    "message": str(err),
-                    "cause": repr(err.__cause__),
-                    "traceback": traceback.format_exc(),
-                    "elapsed": time.time() - started,
-                }
-            )
-        )
+        (out / f"rank{rank}.error.json").write_text(json.dumps({**_error(err, started), "cases": cases}))
         raise
     result.update(global_rank=fabric.global_rank, local_rank=fabric.local_rank, turn_log=log.lines)
     torch.save(result, out / f"rank{fabric.global_rank}.pt")
+
+
+def _error(err: BaseException, started: float) -> dict[str, Any]:
+    return {
+        "type": type(err).__name__,
+        "mro": [c.__name__ for c in type(err).__mro__],
+        "message": str(err),
+        "cause": repr(err.__cause__),
+        "traceback": "".join(traceback.format_exception(err)),
+        "elapsed": time.time() - started,
+    }
 
 
 def _run(fabric: Any, config: dict[str, Any]) -> dict[str, Any]:
