@@ -6,21 +6,21 @@ Speed and memory are not asserted here: they are measured by the benchmark itsel
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from harness.processes import job_env
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    # the checkout first, then the tests' start-up folder (tests/helpers/site), for the benchmark and its jobs
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    # the checkout first on the path, then the tests' start-up folder (tests/helpers/site), as for the tests' jobs
     return subprocess.run(
-        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, *args], cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
 
 

@@ -5,7 +5,6 @@ end the run non-zero, leaving the results of the jobs that finished; and its che
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,20 +13,19 @@ from typing import Any
 import pytest
 
 from benchmarks import gpu_check
+from harness.processes import job_env
 
 REPO = Path(__file__).resolve().parents[1]
-# the checkout first, then the tests' start-up folder (tests/helpers/site), for the check and its jobs
-PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 # S = 138 MiB: large enough that 0.1 x S is well above the few MiB a job's memory varies by, small enough for 2 cores
 PARAMS = "12000000"
 
 
 def _run(args: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})}
+    # the checkout first on the path, then the tests' start-up folder (tests/helpers/site), as for the tests' jobs
     return subprocess.run(
         [sys.executable, "benchmarks/gpu_check.py", *args],
         cwd=REPO,
-        env=full_env,
+        env=job_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -46,7 +44,7 @@ def _no_cuda() -> None:
 def test_require_gpu_fails_with_the_reason_without_cuda() -> None:
     """``gpu_check.sh --require-gpu`` exits 2 and names the interpreter and why where no CUDA device is visible."""
     _no_cuda()
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH}
+    env = job_env({"PYTHON": sys.executable})
     result = subprocess.run(
         ["bash", "benchmarks/gpu_check.sh", "--require-gpu"],
         cwd=REPO,
@@ -64,7 +62,7 @@ def test_require_gpu_fails_with_the_reason_without_cuda() -> None:
 def test_without_require_gpu_it_skips_with_one_line() -> None:
     """Without ``--require-gpu`` and without CUDA it prints one line and exits 0 (a skip, never a measurement)."""
     _no_cuda()
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": PYTHONPATH}
+    env = job_env({"PYTHON": sys.executable})
     result = subprocess.run(
         ["bash", "benchmarks/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=50, check=False
     )
