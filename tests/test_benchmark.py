@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.processes import job_env
-
-REPO = Path(__file__).resolve().parents[1]
+from harness.processes import REPO, job_env
 
 
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from benchmarks import gpu_check
-from harness.processes import job_env
+from harness.processes import REPO, job_env
 
-REPO = Path(__file__).resolve().parents[1]
 # S = 138 MiB: large enough that 0.1 x S is well above the few MiB a job's memory varies by, small enough for 2 cores
 PARAMS = "12000000"
 
