@@ -167,40 +167,10 @@ def _env(fetch_dir: Path, port: int, **extra: str) -> dict[str, str]:
 def test_remote_checkpoint_is_fetched_once_per_node_into_a_private_directory(
     tmp_path: Path, reference: dict[str, Any], fetch_dir: Path
 ) -> None:
-    """2 ranks resume from an http:// checkpoint with one download, into a directory only this user can enter, with
-    a name nobody can predict; the copy is 0600; nothing is left afterwards."""
-    port = _free_port()
-    with _Server(Path(reference["ckpt"]).read_bytes()) as server, _Watcher(fetch_dir) as watcher:
-        result = run_ok(
-            {
-                "trainer": "ours",
-                "serialized": True,
-                "out": str(tmp_path / "job"),
-                "max_epochs": 2,
-                "ckpt_path": server.url,
-            },
-            env=_env(fetch_dir, port),
-        )
-        assert server.downloads == 1
-    assert_training_state_equal(result.ranks, reference["uninterrupted"])
-    old = _predictable_name(server.url, port)
-    assert len(_assert_private(watcher.seen, not_named=(old, old[len(PREFIX) : -len(".ckpt")]))) == 1
-    assert any(path.endswith(FILE_NAME) for path in watcher.seen), watcher.seen  # the copy was seen, private
-    assert list(fetch_dir.iterdir()) == []
-    for rank, got in result.ranks.items():
-        assert got["ckpt_path"] == server.url, f"rank {rank}"
-        # local rank 0 fetched (an exchange, not logged as turns); every rank checked the copy in its turn
-        fetched = any("serialized restore: fetched" in m and server.url in m for _, m in got["turn_log"])
-        assert fetched == (rank == 0), f"rank {rank}"
-        assert any("turn for 'check local copy' ended" in m for _, m in got["turn_log"]), f"rank {rank}"
-        assert any("turn for 'check local copy' ended" in m for _, m in got["turn_log"]), f"rank {rank}"
-
-
-def test_files_planted_at_the_predictable_name_have_no_effect(
-    tmp_path: Path, reference: dict[str, Any], fetch_dir: Path
-) -> None:
-    """A file, a symbolic link to a victim file and a '.partial' planted at the name earlier versions used are
-    neither read, followed, changed nor removed; each of two restores gets a fresh directory of its own."""
+    """2 ranks resume from an http:// checkpoint, then validate from it: one download per restore, each into a
+    directory of its own that only this user can enter, with a name nobody can predict; the copy is 0600; nothing is
+    left afterwards. A file, a symbolic link to a victim file and a '.partial' planted at the name earlier versions
+    used are neither read, followed, changed nor removed."""
     port = _free_port()
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"not a checkpoint")
@@ -210,21 +180,33 @@ def test_files_planted_at_the_predictable_name_have_no_effect(
         Path(f"{old}.partial").write_bytes(b"planted partial")
         planted = {old.name, f"{old.name}.partial"}
         with _Watcher(fetch_dir) as watcher:
-            run_ok(
+            result = run_ok(
                 {
                     "trainer": "ours",
                     "serialized": True,
                     "out": str(tmp_path / "job"),
-                    "calls": [["validate", server.url], ["validate", server.url]],
+                    "max_epochs": 2,
+                    "calls": [["fit", server.url], ["validate", server.url]],
                 },
                 env=_env(fetch_dir, port),
             )
-        assert server.downloads == 2
+        assert server.downloads == 2  # once per restore: per rank, it would be 4
+    fit = {rank: got["history"][0] for rank, got in result.ranks.items()}
+    assert_training_state_equal(fit, reference["uninterrupted"])
     assert victim.read_bytes() == b"not a checkpoint"
     assert os.readlink(old) == str(victim) and Path(f"{old}.partial").read_bytes() == b"planted partial"
-    assert sorted(p.name for p in fetch_dir.iterdir()) == sorted(planted)
+    assert sorted(p.name for p in fetch_dir.iterdir()) == sorted(planted)  # nothing else is left
     fresh = {path: seen for path, seen in watcher.seen.items() if path not in planted}
-    assert len(_assert_private(fresh, not_named=(old.name,))) == 2  # one new directory per restore
+    assert any(path.endswith(FILE_NAME) for path in fresh), fresh  # the copies were seen, private
+    not_named = (old.name, old.name[len(PREFIX) : -len(".ckpt")])
+    assert len(_assert_private(fresh, not_named=not_named)) == 2  # one new directory per restore
+    for rank, got in result.ranks.items():
+        assert [call["ckpt_path"] for call in got["history"]] == [server.url] * 2, f"rank {rank}"
+        for call in got["history"]:
+            # local rank 0 fetched (an exchange, not logged as turns); every rank checked the copy in its turn
+            fetched = any("serialized restore: fetched" in m and server.url in m for _, m in call["turn_log"])
+            assert fetched == (rank == 0), f"rank {rank}"
+            assert any("turn for 'check local copy' ended" in m for _, m in call["turn_log"]), f"rank {rank}"
 
 
 def test_truncated_download_fails_on_every_rank_and_leaves_nothing(
