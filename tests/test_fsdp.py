@@ -10,6 +10,7 @@ optimizer arithmetic differs from DDP's, so an uninterrupted DDP run is not the 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from tests.helpers.launch import run_job
 
 pytestmark = pytest.mark.timeout(400)
 
+MAPS_JOB = Path(__file__).with_name("helpers") / "maps_job.py"
 FSDP = {"strategy": "fsdp_cpu"}
 TOGETHER = "FSDP restores with collectives, so its ranks restore together"
 
@@ -44,17 +46,14 @@ def test_full_checkpoint_fit_resume_equals_upstream_fsdp(
 ) -> None:
     """Resuming with FSDP from the full checkpoint, with ``pytorch_lightning`` or ``lightning``, restores the ranks
     together, not in turns, and ends every rank at step 8 in upstream FSDP's training state; every rank's hooks see
-    upstream's content, the optimizer state included."""
-    result = run_ok(
-        {
-            **FSDP,
-            "trainer": "ours",
-            "flavour": flavour,
-            "out": str(tmp_path),
-            "max_epochs": 2,
-            "ckpt_path": reference["ckpt"],
-        }
-    )
+    upstream's content, the optimizer state included. Once the restore is over no tensor of the checkpoint is held:
+    the file is in no rank's ``/proc/self/maps`` (the optimizers' ``step`` counters are copied out of the mapping;
+    ``tests/helpers/maps_job.py`` looks at ``on_train_start``)."""
+    config = {**FSDP, "trainer": "ours", "flavour": flavour, "max_epochs": 2, "ckpt_path": reference["ckpt"]}
+    result = run_ok({**config, "out": str(tmp_path)}, script=MAPS_JOB)
+    for rank in (0, 1):
+        mapped = json.loads((tmp_path / f"maps{rank}.json").read_text())
+        assert mapped == [], f"rank {rank} still maps the checkpoint after the restore: {mapped}"
     assert TOGETHER in result.output
     assert_training_state_equal(result.ranks, fsdp_upstream_fit)
     _assert_hooks_saw_the_same(result.ranks, fsdp_upstream_fit)

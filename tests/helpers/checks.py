@@ -17,9 +17,9 @@ from tests.helpers.launch import JOB, JobResult, run_job
 JOB_TIMEOUT = 180.0
 
 
-def run_ok(config: dict[str, Any], timeout: float = JOB_TIMEOUT, env: Any = None) -> JobResult:
+def run_ok(config: dict[str, Any], timeout: float = JOB_TIMEOUT, env: Any = None, script: Path = JOB) -> JobResult:
     """Run a job that must succeed on every rank."""
-    result = run_job(config, timeout=timeout, env=env)
+    result = run_job(config, timeout=timeout, env=env, script=script)
     assert result.returncode == 0, result.output[-6000:]
     assert not result.errors, result.errors
     return result
