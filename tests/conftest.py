@@ -1,6 +1,6 @@
 """Shared fixtures, each run once per test session: a real checkpoint written by a real 2-rank DDP job, the
-uninterrupted run to compare with, upstream's resume from it; a checkpoint written by upstream Fabric on 2 ranks, and
-what upstream Fabric's load of it gives every rank."""
+uninterrupted run to compare with, upstream's resume from it; a checkpoint written by upstream Fabric on 2 ranks, its
+copy as a GPU job writes it, and what upstream Fabric's DDP loads of it give every rank, and ours."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from filelock import FileLock
 
-from tests.helpers.checks import JOB_TIMEOUT, rank_files, shared_dir, shared_job
+from tests.helpers.checks import JOB_TIMEOUT, rank_files, shared_cuda_tagged, shared_dir, shared_job
 from tests.helpers.launch import run_job
 
 # TCPStore resolves the name of every peer that connects; where the resolver is slow to answer (as in some sandboxes
@@ -77,9 +77,53 @@ def fabric_saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return paths
 
 
+def _fabric_loads(fabric: str, fabric_saved: dict[str, str]) -> dict[str, Any]:
+    """A DDP Fabric job (Fabric's launcher, 2 ranks) of these loads, one after the other in the same processes, each
+    into a fresh model and optimizer: ``load`` of the checkpoint into the whole state, then 2 more training steps;
+    ``load_full``, the whole checkpoint; ``load_raw`` of the module's and the optimizer's state dict files."""
+    return {
+        "fabric": fabric,
+        "action": ["load", "load_full", "load_raw"],
+        "ckpt_path": fabric_saved["ckpt"],
+        "raw_module_path": fabric_saved["module"],
+        "raw_optimizer_path": fabric_saved["optimizer"],
+    }
+
+
+def _every_rank(tmp_path_factory: pytest.TempPathFactory, name: str, config: dict[str, Any]) -> dict[int, Any]:
+    ranks = shared_job(tmp_path_factory, name, config, script=FABRIC_JOB)
+    assert sorted(ranks) == [0, 1], f"{name}: results of ranks {sorted(ranks)}"
+    return ranks
+
+
 @pytest.fixture(scope="session")
-def fabric_upstream_load(tmp_path_factory: pytest.TempPathFactory, fabric_saved: dict[str, str]) -> dict[int, Any]:
+def fabric_upstream_loads(tmp_path_factory: pytest.TempPathFactory, fabric_saved: dict[str, str]) -> dict[int, Any]:
+    """Upstream Fabric's DDP loads of that checkpoint and of the state dict files (``_fabric_loads``): every rank's
+    result of each, by action."""
+    return _every_rank(tmp_path_factory, "fabric-upstream-loads", _fabric_loads("upstream", fabric_saved))
+
+
+@pytest.fixture(scope="session")
+def fabric_upstream_load(fabric_upstream_loads: dict[int, Any]) -> dict[int, Any]:
     """Upstream Fabric's DDP ``load`` of that checkpoint into the whole state, then 2 more training steps (every
-    rank's end state)."""
-    config = {"fabric": "upstream", "action": "load", "ckpt_path": fabric_saved["ckpt"]}
-    return shared_job(tmp_path_factory, "fabric-upstream-load", config, script=FABRIC_JOB)
+    rank's end state; the first load of its job)."""
+    return {rank: got["load"] for rank, got in fabric_upstream_loads.items()}
+
+
+@pytest.fixture(scope="session")
+def fabric_gpu_checkpoint(tmp_path_factory: pytest.TempPathFactory, fabric_saved: dict[str, str]) -> str:
+    """The checkpoint upstream Fabric saved on 2 ranks, as a GPU job writes it (``shared_cuda_tagged``)."""
+    return shared_cuda_tagged(tmp_path_factory, fabric_saved["ckpt"], "fabric-cuda.ckpt")
+
+
+@pytest.fixture(scope="session")
+def fabric_ours_loads(
+    tmp_path_factory: pytest.TempPathFactory, fabric_saved: dict[str, str], fabric_gpu_checkpoint: str
+) -> dict[int, Any]:
+    """Our Fabric's DDP loads, in turns with the default settings (``lightning_fabric``): upstream's
+    (``_fabric_loads``), then ``load_gpu``, ``load`` of the GPU job's copy of the checkpoint (every rank's result of
+    each, by name)."""
+    config = _fabric_loads("ours", fabric_saved)
+    load_gpu = {"action": "load", "name": "load_gpu", "ckpt_path": fabric_gpu_checkpoint}
+    config.update(flavour="lightning_fabric", action=[*config["action"], load_gpu])
+    return _every_rank(tmp_path_factory, "fabric-ours-loads", config)

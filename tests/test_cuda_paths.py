@@ -1,18 +1,17 @@
-"""What a restore does differently on GPU nodes, tested on CPU with real jobs: a checkpoint a GPU job wrote, an FSDP
-restore that leaves nothing of the file mapped, the second stage in turns where loading converts dtypes, the note for
-one rank per node, and the wait for device copies before the checkpoint is dropped.
+"""What a restore does differently on GPU nodes, tested on CPU with real jobs: a checkpoint a GPU job wrote, the second
+stage in turns where loading converts dtypes, the note for one rank per node, and the wait for device copies before
+the checkpoint is dropped. (That an FSDP restore leaves nothing of the file mapped, tests/test_fsdp.py checks on its
+fit resumes.)
 
-A GPU job's checkpoint is made the way ``torch.save`` makes one on a GPU (``tests/helpers/cuda_tagged.py``): every
-storage a GPU job holds on its GPU is recorded with the location ``cuda:0``, its bytes as they are; loading it
-without a ``map_location`` on a machine without CUDA fails as it would for a file copied from a GPU node.
+A GPU job's checkpoint is made the way ``torch.save`` makes one on a GPU (``tests/helpers/cuda_tagged.py``, run by
+``tests.helpers.checks.shared_cuda_tagged``): every storage a GPU job holds on its GPU is recorded with the location
+``cuda:0``, its bytes as they are; loading it without a ``map_location`` on a machine without CUDA fails as it would
+for a file copied from a GPU node.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -25,45 +24,18 @@ from tests.helpers.checks import (
     assert_same,
     assert_training_state_equal,
     max_concurrent,
-    once_per_session,
     run_ok,
+    shared_cuda_tagged,
     turn_intervals,
 )
-from tests.helpers.launch import run_job
 
 pytestmark = pytest.mark.timeout(400)
-
-HELPERS = Path(__file__).with_name("helpers")
-FABRIC_JOB = HELPERS / "fabric_job.py"
-
-
-def _cuda_tagged(source: str, target: Path) -> str:
-    """``source`` rewritten as a GPU job saves it; checked to be one (``cuda:0`` locations, unloadable here)."""
-    subprocess.run(
-        [sys.executable, str(HELPERS / "cuda_tagged.py"), source, str(target)], env=job_env(), check=True, timeout=120
-    )
-    with zipfile.ZipFile(target) as archive:
-        pickled = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
-    assert b"cuda:0" in pickled
-    if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="CUDA"):
-            torch.load(target, weights_only=False)
-    return str(target)
 
 
 @pytest.fixture(scope="module")
 def gpu_checkpoint(reference: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> str:
     """The 2-rank reference checkpoint as a GPU job writes it (once per test session)."""
-    return _shared_cuda_tagged(tmp_path_factory, reference["ckpt"], "epoch1-cuda.ckpt")
-
-
-def _shared_cuda_tagged(tmp_path_factory: pytest.TempPathFactory, source: str, name: str) -> str:
-    """``_cuda_tagged(source)``, made once per test session (whichever xdist worker asks first)."""
-
-    def make(directory: Path) -> None:
-        _cuda_tagged(source, directory / name)
-
-    return str(once_per_session(tmp_path_factory, name, make) / name)
+    return shared_cuda_tagged(tmp_path_factory, reference["ckpt"], "epoch1-cuda.ckpt")
 
 
 def _read_lines(ranks: dict[int, Any], stage: str) -> list[str]:
@@ -85,45 +57,22 @@ def test_trainer_restores_a_gpu_checkpoint_on_cpu(
     assert len(lines) == 2 and all(how in line for line in lines), lines
 
 
-@pytest.fixture(scope="module")
-def fabric_gpu_checkpoint(fabric_saved: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The checkpoint upstream Fabric saved on 2 ranks, as a GPU job writes it (once per test session)."""
-    return _shared_cuda_tagged(tmp_path_factory, fabric_saved["ckpt"], "fabric-cuda.ckpt")
-
-
-@pytest.mark.parametrize("reader", ["mmap"])  # eager: upstream's `checkpoint_io.load_checkpoint`, as above
 def test_fabric_loads_a_gpu_checkpoint_on_cpu(
-    tmp_path: Path, fabric_gpu_checkpoint: str, fabric_upstream_load: dict[int, Any], reader: str
+    fabric_ours_loads: dict[int, Any], fabric_upstream_load: dict[int, Any]
 ) -> None:
-    """``fabric.load`` of a checkpoint saved on ``cuda:0`` gives, memory-mapped, exactly what upstream Fabric
-    gives from the same checkpoint saved on the host, with nothing kept backed by the file."""
-    config = {"fabric": "ours", "action": "load", "out": str(tmp_path), "ckpt_path": fabric_gpu_checkpoint}
-    ours = run_job(config, timeout=JOB_TIMEOUT, env={"SERIALIZED_RESTORE_READER": reader}, script=FABRIC_JOB)
-    assert ours.returncode == 0 and not ours.errors, ours.output[-4000:]
+    """``fabric.load`` of a checkpoint saved on ``cuda:0`` (conftest's ``fabric_gpu_checkpoint``) gives,
+    memory-mapped (the default reader; the eager one is upstream's `checkpoint_io.load_checkpoint`), exactly what
+    upstream Fabric gives from the same checkpoint saved on the host, with nothing kept backed by the file. (Ours is
+    the ``load_gpu`` load of the session's job of our DDP Fabric loads.)"""
+    ours = {rank: got["load_gpu"] for rank, got in fabric_ours_loads.items()}
     upstream = fabric_upstream_load
-    assert sorted(ours.ranks) == sorted(upstream) == [0, 1]
+    assert sorted(ours) == sorted(upstream) == [0, 1]
     for rank in upstream:
         for key in ("params", "optimizer", "scheduler", "remainder", "plain_state", "counter"):
-            assert_same(ours.ranks[rank][key], upstream[rank][key], f"rank {rank}: {key}")
-        assert ours.ranks[rank]["file_backed"] == [], rank
-    how = "memory-mapped" if reader == "mmap" else "eagerly"
-    lines = _read_lines(ours.ranks, "load checkpoint")
-    assert len(lines) == 2 and all(how in line for line in lines), lines
-
-
-def test_fsdp_restore_leaves_nothing_of_the_file_mapped(tmp_path: Path, reference: dict[str, Any]) -> None:
-    """After the Trainer's FSDP restore (fit, full checkpoint, 2 ranks) no tensor of the checkpoint is held: the
-    file is in no rank's ``/proc/self/maps`` (the optimizers' ``step`` counters are copied out of the mapping)."""
-    ckpt = str(tmp_path / "fsdp.ckpt")
-    Path(ckpt).write_bytes(Path(reference["ckpt"]).read_bytes())  # a file of its own: only this job maps it
-    config = {"strategy": "fsdp_cpu", "trainer": "ours", "out": str(tmp_path / "out"), "max_epochs": 2}
-    result = run_job({**config, "ckpt_path": ckpt}, timeout=JOB_TIMEOUT, script=HELPERS / "maps_job.py")
-    assert result.returncode == 0 and not result.errors, result.output[-6000:]
-    assert "FSDP restores with collectives" in result.output
-    for rank in (0, 1):
-        mapped = json.loads((tmp_path / "out" / f"maps{rank}.json").read_text())
-        assert mapped == [], f"rank {rank} still maps the checkpoint after the restore: {mapped}"
-    assert {got["global_step"] for got in result.ranks.values()} == {8}
+            assert_same(ours[rank][key], upstream[rank][key], f"rank {rank}: {key}")
+        assert ours[rank]["file_backed"] == [], rank
+    lines = _read_lines(ours, "load checkpoint")
+    assert len(lines) == 2 and all("memory-mapped" in line for line in lines), lines
 
 
 def test_second_stage_takes_turns_when_loading_converts_dtypes(tmp_path: Path, reference: dict[str, Any]) -> None:

@@ -78,14 +78,23 @@ def _assert_took_turns(ranks: dict[int, Any]) -> None:
 
 @pytest.mark.parametrize(("launcher", "flavour"), [("fabric", "lightning_fabric"), ("torchrun", "lightning")])
 def test_load_equals_upstream_and_keeps_nothing_backed_by_the_file(
-    tmp_path: Path, fabric_saved: dict[str, str], fabric_upstream_load: dict[int, Any], launcher: str, flavour: str
+    tmp_path: Path,
+    fabric_saved: dict[str, str],
+    fabric_upstream_load: dict[int, Any],
+    request: pytest.FixtureRequest,
+    launcher: str,
+    flavour: str,
 ) -> None:
     """`fabric.load(path, state)` in turns ends every rank exactly as upstream's load does (weights, optimizer,
     scheduler, a stateful object, plain values put into `state`, the returned remainder, and 2 more training steps),
     the ranks taking turns one at a time; nothing they keep lies in the file's pages. (Upstream's end state, the
-    same under either launcher, comes from one upstream job per test session.)"""
-    config = {"action": "load", "ckpt_path": fabric_saved["ckpt"], "flavour": flavour, "fabric": "ours"}
-    ours = _ok({**config, "out": str(tmp_path / "ours")}, launcher)
+    same under either launcher, comes from one upstream job per test session; ours under Fabric's launcher is the
+    first load of the session's job of our DDP loads.)"""
+    if launcher == "fabric":  # that job's loads are `lightning_fabric`'s
+        ours = {rank: got["load"] for rank, got in request.getfixturevalue("fabric_ours_loads").items()}
+    else:
+        config = {"action": "load", "ckpt_path": fabric_saved["ckpt"], "flavour": flavour, "fabric": "ours"}
+        ours = _ok({**config, "out": str(tmp_path / "ours")}, launcher)
     upstream = fabric_upstream_load
     keys = ("params", "optimizer", "scheduler", "counter", "plain_state", "remainder")
     _assert_same_end_state(ours, upstream, keys)
@@ -97,19 +106,14 @@ def test_load_equals_upstream_and_keeps_nothing_backed_by_the_file(
         assert len(ended) == 2 and "memory-mapped" in ended[0] and "out of the mapped file" in ended[1], ended
 
 
-def test_load_of_the_whole_checkpoint_and_load_raw_equal_upstream(tmp_path: Path, fabric_saved: dict[str, str]) -> None:
+def test_load_of_the_whole_checkpoint_and_load_raw_equal_upstream(
+    fabric_upstream_loads: dict[int, Any], fabric_ours_loads: dict[int, Any]
+) -> None:
     """`fabric.load(path)` returns upstream's whole checkpoint, in private memory; `fabric.load_raw` of a module's
-    and an optimizer's state dict files restores them as upstream's does; both in turns (one job each for upstream
-    and ours, running the two loads one after the other)."""
-    config = {
-        "action": ["load_full", "load_raw"],
-        "ckpt_path": fabric_saved["ckpt"],
-        "raw_module_path": fabric_saved["module"],
-        "raw_optimizer_path": fabric_saved["optimizer"],
-    }
-    upstream = _ok({**config, "fabric": "upstream", "out": str(tmp_path / "upstream")})
-    ours = _ok({**config, "fabric": "ours", "out": str(tmp_path / "ours")})
-    for action in config["action"]:
+    and an optimizer's state dict files restores them as upstream's does; both in turns (each side's loads come from
+    the session's job of that side's DDP loads, which runs them one after the other, after its `load`)."""
+    upstream, ours = fabric_upstream_loads, fabric_ours_loads
+    for action in ("load_full", "load_raw"):
         keys = ("params", "optimizer", "scheduler") + (("remainder",) if action == "load_full" else ())
         _assert_same_end_state(
             {r: got[action] for r, got in ours.items()}, {r: got[action] for r, got in upstream.items()}, keys

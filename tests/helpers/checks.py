@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,6 +15,7 @@ import pytest
 import torch
 from filelock import FileLock
 
+from harness.processes import job_env
 from tests.helpers.launch import JOB, JobResult, run_job
 
 JOB_TIMEOUT = 180.0
@@ -49,6 +53,24 @@ def once_per_session(tmp_path_factory: pytest.TempPathFactory, name: str, make: 
             make(out)
             (out / "done").write_text("")
     return out
+
+
+def shared_cuda_tagged(tmp_path_factory: pytest.TempPathFactory, source: str, name: str) -> str:
+    """``source`` rewritten as a GPU job saves it (``tests/helpers/cuda_tagged.py``), once per test session: checked
+    to record its storages on ``cuda:0``, which a machine without CUDA cannot load without a ``map_location``."""
+
+    def make(directory: Path) -> None:
+        target = directory / name
+        script = [sys.executable, str(Path(__file__).with_name("cuda_tagged.py")), source, str(target)]
+        subprocess.run(script, env=job_env(), check=True, timeout=120)
+        with zipfile.ZipFile(target) as archive:
+            pickled = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+        assert b"cuda:0" in pickled
+        if not torch.cuda.is_available():
+            with pytest.raises(RuntimeError, match="CUDA"):
+                torch.load(target, weights_only=False)
+
+    return str(once_per_session(tmp_path_factory, name, make) / name)
 
 
 def shared_job(

@@ -13,8 +13,9 @@ strict)``, with ``state_keys`` choosing the state's entries, then ``steps`` more
 (``fabric.load(ckpt_path)``: the whole checkpoint) or ``"load_raw"`` (``fabric.load_raw`` of the module and the
 optimizer files), or a list of these, run one after the other in the same processes (every rank's result is then
 a dict of each action's result, with the turn log lines of that action). An entry of the list may be a dict: the
-action's own config keys (``"action"`` among them) over the job's. With ``keep_going``, an action that raises does
-not end the job at once: the next one runs, and after the last the job raises the last action's exception, its
+action's own config keys (``"action"`` among them) over the job's, and ``name``, the key of its result (by default
+its action: a second entry of the same action needs a name of its own). With ``keep_going``, an action that raises
+does not end the job at once: the next one runs, and after the last the job raises the last action's exception, its
 error file listing every action's error (``cases``: an error's fields, or null where the action did not raise).
 """
 
@@ -124,7 +125,7 @@ def main(config: dict[str, Any]) -> None:
             last: BaseException | None = None
             for entry in config["action"]:
                 own = entry if isinstance(entry, dict) else {"action": entry}
-                name = own["action"]
+                name = own.get("name", own["action"])
                 start = len(log.lines)
                 try:
                     result[name] = _run(fabric, {**config, **own})
