@@ -75,7 +75,9 @@ def test_fabric_loads_a_gpu_checkpoint_on_cpu(
     assert len(lines) == 2 and all("memory-mapped" in line for line in lines), lines
 
 
-def test_second_stage_takes_turns_when_loading_converts_dtypes(tmp_path: Path, reference: dict[str, Any]) -> None:
+def test_second_stage_takes_turns_when_loading_converts_dtypes(
+    tmp_path: Path, reference: dict[str, Any], upstream_resume: dict[int, Any]
+) -> None:
     """With saved optimizer state in another dtype than its parameters (float64 into a float32 model), torch's
     ``load_state_dict`` converts each tensor through a temporary, so the ranks of a node run stage 2 in turns (not at
     once, as they do when nothing is converted); the resume is still exact. The lr scheduler's ``load_state_dict``
@@ -88,14 +90,16 @@ def test_second_stage_takes_turns_when_loading_converts_dtypes(tmp_path: Path, r
     torch.save(checkpoint, wide)
     config = {"trainer": "ours", "out": str(tmp_path / "out"), "max_epochs": 2, "scheduler_load_sleep": 1.0}
     result = run_ok({**config, "ckpt_path": str(wide)})
-    assert_training_state_equal(result.ranks, reference["uninterrupted"])
+    assert_training_state_equal(result.ranks, upstream_resume)
     second = turn_intervals(result.ranks)["restore training state"]
     assert sorted(r for _, _, r in second) == [0, 1] and max_concurrent(second) == 1, sorted(second)
     started = [m for _, m in result.ranks[1]["turn_log"] if "turn for 'restore training state' started" in m]
     assert len(started) == 1 and "after waiting" in started[0], started
 
 
-def test_one_rank_per_node_resumes_exactly(tmp_path: Path, reference: dict[str, Any]) -> None:
+def test_one_rank_per_node_resumes_exactly(
+    tmp_path: Path, reference: dict[str, Any], upstream_resume: dict[int, Any]
+) -> None:
     """Two nodes of one rank each (as with one GPU per container), started by torchrun: every rank takes its turn at
     once, and the resume is exact."""
     import socket
@@ -131,7 +135,7 @@ def test_one_rank_per_node_resumes_exactly(tmp_path: Path, reference: dict[str, 
     for rank in ranks.values():  # each first on its node: no wait, so an end line only
         lines = [m for _, m in rank["turn_log"] if "turn for 'restore modules and callbacks'" in m]
         assert len(lines) == 1 and " ended in " in lines[0], rank["turn_log"]
-    assert_training_state_equal(ranks, reference["uninterrupted"])
+    assert_training_state_equal(ranks, upstream_resume)
 
 
 class _RecordingCuda:

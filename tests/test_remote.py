@@ -165,7 +165,7 @@ def _env(fetch_dir: Path, port: int, **extra: str) -> dict[str, str]:
 
 
 def test_remote_checkpoint_is_fetched_once_per_node_into_a_private_directory(
-    tmp_path: Path, reference: dict[str, Any], fetch_dir: Path
+    tmp_path: Path, reference: dict[str, Any], upstream_resume: dict[int, Any], fetch_dir: Path
 ) -> None:
     """2 ranks resume from an http:// checkpoint, then validate from it: one download per restore, each into a
     directory of its own that only this user can enter, with a name nobody can predict; the copy is 0600; nothing is
@@ -192,7 +192,7 @@ def test_remote_checkpoint_is_fetched_once_per_node_into_a_private_directory(
             )
         assert server.downloads == 2  # once per restore: per rank, it would be 4
     fit = {rank: got["history"][0] for rank, got in result.ranks.items()}
-    assert_training_state_equal(fit, reference["uninterrupted"])
+    assert_training_state_equal(fit, upstream_resume)
     assert victim.read_bytes() == b"not a checkpoint"
     assert os.readlink(old) == str(victim) and Path(f"{old}.partial").read_bytes() == b"planted partial"
     assert sorted(p.name for p in fetch_dir.iterdir()) == sorted(planted)  # nothing else is left

@@ -52,8 +52,10 @@ def assert_every_rank_wrote_its_result(out: Path, ranks: dict[int, Any], world_s
 
 # `ddp_notebook` is registered as `ddp_fork` (the same DDPStrategy, start method "fork")
 @pytest.mark.parametrize("strategy", ["ddp_fork"])
-def test_ddp_family_resume_is_bit_identical_in_turns(tmp_path: Path, reference: dict[str, Any], strategy: str) -> None:
-    """Resuming with the option on equals the uninterrupted run on every rank, and the ranks restore in turns.
+def test_ddp_family_resume_is_bit_identical_in_turns(
+    tmp_path: Path, reference: dict[str, Any], upstream_resume: dict[int, Any], strategy: str
+) -> None:
+    """Resuming with the option on ends every rank in upstream's resumed state, and the ranks restore in turns.
 
     With `ddp_fork` the ranks are processes forked by the launching one, and the result-writing
     callback runs in them."""
@@ -69,7 +71,7 @@ def test_ddp_family_resume_is_bit_identical_in_turns(tmp_path: Path, reference: 
         }
     )
     assert_every_rank_wrote_its_result(tmp_path, result.ranks, world_size=2)
-    assert_training_state_equal(result.ranks, reference["uninterrupted"])
+    assert_training_state_equal(result.ranks, upstream_resume)
     assert_ranks_took_turns(result.ranks)
     for rank, got in result.ranks.items():
         assert got["stage2_view"]["tensor_bytes"]["state_dict"] == 0, f"rank {rank}: weights kept after stage 1"
@@ -151,7 +153,9 @@ def _run_subclass_job(tmp_path: Path, reference: dict[str, Any], strategy: str, 
     return result
 
 
-def test_ddp_subclass_without_restore_overrides_is_treated_as_ddp(tmp_path: Path, reference: dict[str, Any]) -> None:
+def test_ddp_subclass_without_restore_overrides_is_treated_as_ddp(
+    tmp_path: Path, reference: dict[str, Any], upstream_resume: dict[int, Any]
+) -> None:
     """A user's `DDPStrategy` subclass that does not override `load_checkpoint`, `load_model_state_dict` or
     `load_optimizer_state_dict` restores in turns like DDP, bit-identically, with no warning; here with
     `find_unused_parameters=True`, what `ddp_find_unused_parameters_true` sets.
@@ -165,12 +169,12 @@ def test_ddp_subclass_without_restore_overrides_is_treated_as_ddp(tmp_path: Path
         assert f"PlainDDPSubclass in use on rank {rank}, find_unused_parameters=True" in result.output
     assert NO_EFFECT not in result.output, result.output[-4000:]
     assert_every_rank_wrote_its_result(out, result.ranks, world_size=2)
-    assert_training_state_equal(result.ranks, reference["uninterrupted"])
+    assert_training_state_equal(result.ranks, upstream_resume)
     assert_ranks_took_turns(result.ranks)
 
 
 def test_ddp_subclass_overriding_a_restore_method_warns_and_restores_as_upstream(
-    tmp_path: Path, reference: dict[str, Any]
+    tmp_path: Path, reference: dict[str, Any], upstream_resume: dict[int, Any]
 ) -> None:
     """A `DDPStrategy` subclass that overrides `load_checkpoint` may run collectives there: on 2 real ranks, one
     warning on rank zero naming it, no turns, and upstream's restore, bit-identical."""
@@ -184,7 +188,7 @@ def test_ddp_subclass_overriding_a_restore_method_warns_and_restores_as_upstream
     )
     assert result.output.count(warning) == 1, result.output[-4000:]
     assert sorted(p.name for p in out.glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
-    assert_training_state_equal(result.ranks, reference["uninterrupted"])
+    assert_training_state_equal(result.ranks, upstream_resume)
     for rank, ranked in result.ranks.items():
         assert not [m for _, m in ranked["turn_log"] if "serialized restore: turn for" in m], f"rank {rank} took turns"
         assert ranked["stage2_view"]["tensor_bytes"]["state_dict"] > 0, "the cached dict was released as ours does"

@@ -67,13 +67,13 @@ def upstream_four_ranks(tmp_path_factory: pytest.TempPathFactory, reference: dic
     """Upstream Lightning's resume, on 4 ranks, of the shared 1-epoch checkpoint (written by 2 ranks: a resume on
     another topology is what Lightning does here too) to epoch 2.
 
-    The reference is upstream's resume, not an uninterrupted run: with more than two ranks, the float sums of DDP's
-    all-reduce depend on the gradient bucket layout, which DDP rebuilds after the first step of every new job, so
-    even upstream's resume differs from an uninterrupted run in the last bits (measured: 1.5e-8). With two ranks
-    the sum is exact and the core tests compare with the uninterrupted run. The 4 ranks run on one node, started
-    by Lightning's launcher: upstream's result depends on the global ranks, not on how they are spread over nodes
-    (gloo reduces over the ranks, the sampler splits the data by global rank; measured bit-identical to the same
-    resume as 2 torchrun nodes of 2), and one node needs no torchrun agents.
+    As everywhere in the tests, the reference is upstream's resume; with more than two ranks it has to be, not an
+    uninterrupted run: the float sums of DDP's all-reduce depend on the gradient bucket layout, which DDP rebuilds
+    after the first step of every new job, so even upstream's resume differs from an uninterrupted run in the last
+    bits (measured: 1.5e-8). The 4 ranks run on one node, started by Lightning's launcher: upstream's result depends
+    on the global ranks, not on how they are spread over nodes (gloo reduces over the ranks, the sampler splits the
+    data by global rank; measured bit-identical to the same resume as 2 torchrun nodes of 2), and one node needs no
+    torchrun agents.
     """
     config = {"trainer": "upstream", "devices": 4, "max_epochs": 2, "ckpt_path": reference["ckpt"]}
     return shared_job(tmp_path_factory, "upstream-resume-4-ranks", config)

@@ -114,8 +114,9 @@ def assert_same(a: Any, b: Any, where: str) -> None:
 def assert_training_state_equal(got: dict[int, Any], expected: dict[int, Any]) -> None:
     """``got``, a resumed run, ends every rank in exactly ``expected``'s training state.
 
-    ``expected`` may be the uninterrupted run, which a run that silently ignored the checkpoint would reproduce too,
-    so every rank of ``got`` must also have restored a checkpoint: its ``on_load_checkpoint`` ran.
+    A run that silently ignored the checkpoint and trained from the start may end in that state too (with two ranks
+    an uninterrupted run does, bit for bit), so every rank of ``got`` must also have restored a checkpoint: its
+    ``on_load_checkpoint`` ran.
     """
     assert sorted(got) == sorted(expected), "not every rank reported"
     for rank in got:
