@@ -8,7 +8,8 @@ Trainer's work in spawned workers. Config keys:
 * ``cases``: restores to attempt one after another in the same processes, each with a fresh Trainer and model:
   ``name``, ``ckpt_path``, ``entry`` (``"fit"``, ``"validate"``, ...), optional ``weights_only``, ``strict``
   (``LightningModule.strict_loading``), ``checkpoint_dir`` (adds ``ModelCheckpoint(save_last=True,
-  save_on_exception=True, every_n_train_steps=1)`` and ``OnExceptionCheckpoint`` writing there) and ``fault``:
+  save_on_exception=True, every_n_train_steps=1)``, without ``save_on_exception`` in a release that lacks it, and
+  ``OnExceptionCheckpoint`` writing there) and ``fault``:
   ``{"rank": r or "all", "in": what, "seconds": s}`` where ``what`` is ``"module_hook"`` (an exception in
   ``LightningModule.on_load_checkpoint``), ``"callback_load_state_dict"``, ``"strict_mismatch"`` (the hook drops a
   weight, so that ``load_state_dict`` fails on that rank), ``"optimizer_state"`` (the hook breaks the optimizer
@@ -23,6 +24,7 @@ time it did so.
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import os
 import signal
@@ -159,13 +161,15 @@ def build_trainer(config: dict[str, Any], case: dict[str, Any]) -> RecordingTrai
     callbacks: list[pl.Callback] = [FailingCallback(case)]
     if case.get("checkpoint_dir"):
         directory = case["checkpoint_dir"]
+        # a release without `save_on_exception` (2.4) has OnExceptionCheckpoint only
+        saves_on_exception = "save_on_exception" in inspect.signature(ModelCheckpoint.__init__).parameters
         callbacks += [
             ModelCheckpoint(
                 dirpath=directory,
                 save_last=True,
-                save_on_exception=True,
                 every_n_train_steps=1,
                 save_top_k=-1,
+                **({"save_on_exception": True} if saves_on_exception else {}),
             ),
             OnExceptionCheckpoint(dirpath=directory),
         ]
