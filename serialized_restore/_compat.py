@@ -15,6 +15,8 @@ import contextlib
 import functools
 import importlib
 import inspect
+import os
+from typing import Any
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -76,6 +78,14 @@ def read_weights_only(flavour: Flavour, weights_only: bool | None) -> bool | Non
     if passes_weights_only(flavour, fabric=True) and weights_only is not None:
         return weights_only
     return _default_weights_only(flavour)
+
+
+def weights_only_for(path: Any, weights_only: bool | None) -> bool | None:
+    """``weights_only`` as the release's ``_load`` applies it to ``path``: an ``http(s)`` URL read with ``None`` is read
+    with ``False`` (every release supported: 2.6 and later say so for URLs, earlier ones for everything)."""
+    if weights_only is None and isinstance(path, (str, os.PathLike)) and os.fspath(path).startswith("http"):
+        return False
+    return weights_only
 
 
 def restores_callbacks_only_when_fitting(flavour: Flavour) -> bool:

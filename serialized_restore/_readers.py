@@ -69,10 +69,15 @@ def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, str | 
     reason = path_unmappable_reason(path)
     if requested == "eager" or reason == "":
         return "eager", None
-    checkpoint_io = type(strategy.checkpoint_io)
-    if checkpoint_io is not flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True):
-        return "eager", f"the strategy's CheckpointIO is {checkpoint_io.__name__}, not TorchCheckpointIO"
+    if not stock_checkpoint_io(strategy):
+        return "eager", f"the strategy's CheckpointIO is {type(strategy.checkpoint_io).__name__}, not TorchCheckpointIO"
     return ("mmap", None) if reason is None else ("eager", reason)
+
+
+def stock_checkpoint_io(strategy: Any) -> bool:
+    """Whether the strategy reads with Lightning's own ``TorchCheckpointIO`` (not a subclass, not a user's own)."""
+    stock = flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True)
+    return type(strategy.checkpoint_io) is stock
 
 
 def read_checkpoint(
