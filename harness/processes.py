@@ -82,6 +82,24 @@ def kill_job(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def session_processes(session: int) -> list[int]:
+    """The processes of session ``session`` (a job started with ``start_job``: its first process's id), whatever state
+    they are in (a stopped process counts; a zombie, which holds nothing but its exit status, does not)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) == session:
+            found.append(int(entry))
+    return found
+
+
 def file_mappings(path: Optional[str] = None) -> list[tuple[int, int]]:
     """Address ranges of this process that map a file (``/proc/self/maps`` lines with an inode), or only the file at
     ``path``."""

@@ -23,6 +23,7 @@ class FailureKind(str, Enum):
     EXCEPTION = "exception"  # it raised during its turn
     TIMEOUT = "timeout"  # its turn did not end within the turn timeout
     STORE_LOST = "store lost"  # the process hosting the process group's store is gone
+    STORE_UNRESPONSIVE = "store unresponsive"  # the process hosting the store is alive but does not answer
     MALFORMED = "malformed report"  # a record in the store that is not ours (``global_rank`` -1)
     __str__ = str.__str__  # the value, not FailureKind.TIMEOUT
 
@@ -184,10 +185,14 @@ def _resolve(names: tuple[str, ...]) -> type[BaseException] | None:
     return None
 
 
+def _store_host() -> tuple[bool, str]:
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    return agent, "the launcher's agent (torchrun)" if agent else "global rank 0"
+
+
 def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFailure:
     """The loss of the store itself, when nothing read from it before explains the end."""
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    host = "the launcher's agent (torchrun)" if agent else "global rank 0"
+    agent, host = _store_host()
     cause = err.__cause__ or err
     first_line = (str(cause).strip().splitlines() or [""])[0]
     message = (
@@ -196,6 +201,18 @@ def store_lost_failure(stage: str, observer: int, err: BaseException) -> RankFai
     )
     rank, node, local = (observer, None, None) if agent else (0, 0, 0)
     return RankFailure(rank, node, local, stage, FailureKind.STORE_LOST, message, reported_by=observer)
+
+
+def unresponsive_store_failure(stage: str, observer: int, err: BaseException) -> RankFailure:
+    """The store's host is there but does not answer: stopped (SIGSTOP, a debugger), hung, or overloaded."""
+    agent, host = _store_host()
+    message = (
+        f"the process group's store, which is hosted by {host}, stopped answering ({err}): that process is stopped"
+        " or hung (for example inside its own turn, or in a collective), or the store is overloaded. Every rank"
+        f" ends instead of waiting for it; a stuck host is named at the turn timeout, {TURN_TIMEOUT_SETTING}."
+    )
+    rank, node, local = (observer, None, None) if agent else (0, 0, 0)
+    return RankFailure(rank, node, local, stage, FailureKind.STORE_UNRESPONSIVE, message, reported_by=observer)
 
 
 def verdict_failures(stage: str, verdict: str) -> list[RankFailure]:
@@ -214,7 +231,7 @@ def timeout_failure(observer: RankPlacement, stage: str, local: int, turn_timeou
         " ended. Likely causes: a slow file system (raise the timeout), or a collective (such as"
         " `strategy.barrier()`) in `LightningModule.on_load_checkpoint` or a callback's `on_load_checkpoint` /"
         " `load_state_dict`, which cannot complete while the other ranks wait for their turns. A rank stuck in its"
-        " turn prints its stack (faulthandler) at the timeout."
+        " turn prints its stack to its stderr at the timeout."
     )
     at = (observer.global_rank_of(local), observer.node_rank, local, stage)
     return RankFailure(*at, FailureKind.TIMEOUT, message, reported_by=observer.global_rank)

@@ -15,7 +15,7 @@ from serialized_restore._compat import check_supported
 from serialized_restore._flavour import flavour_of
 from serialized_restore._fsdp import FULL, load_optimizer_states, load_weights, upstream_reason
 from serialized_restore._options import options_from
-from serialized_restore._plan import RestorePlan, StrategyPath, plan_restore
+from serialized_restore._plan import IN_TURNS, RestorePlan, StrategyPath, choose_strategy_path, plan_restore
 from serialized_restore._readers import (
     copy_kept_out_of_mapping,
     copy_out_of_mapping,
@@ -72,7 +72,9 @@ class SerializedFabricMixin:
     def _loading_in_turns(self) -> Iterator[None]:
         """While upstream's ``load`` / ``load_raw`` runs, its ``strategy.load_checkpoint`` loads as planned."""
         strategy, settings = self._strategy, self._serialized_settings
-        if settings is None:
+        if settings is None or "load_checkpoint" in vars(strategy):
+            if settings is not None:  # set on the instance (a framework's or a test's patch): left as it is, upstream's
+                choose_strategy_path(strategy, "Fabric", self._serialized_value, self._serialized_warned)
             yield
             return
         upstream = strategy.load_checkpoint
@@ -93,6 +95,7 @@ class SerializedFabricMixin:
                 return self._load_fsdp(plan, modules, state, strict)
             return self._load_in_turn(plan, upstream, state, strict, kwargs)
 
+        setattr(load_checkpoint, IN_TURNS, True)
         strategy.load_checkpoint = load_checkpoint
         try:
             yield

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass
+import os
+import uuid
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch.distributed as dist
@@ -15,6 +17,7 @@ from serialized_restore._fsdp import FULL, checkpoint_kind, upstream_reason
 from serialized_restore._options import SerializedLoading
 from serialized_restore._placement import RankPlacement
 from serialized_restore._readers import choose_reader
+from serialized_restore._stuck import end_stuck_ranks, launched_by_lightning
 from serialized_restore._turns import TurnSchedule
 
 # the methods through which a strategy restores: a subclass that overrides one may run collectives there
@@ -22,6 +25,9 @@ RESTORE_METHODS = {
     "Trainer": ("load_checkpoint", "load_model_state_dict", "load_optimizer_state_dict"),
     "Fabric": ("load_checkpoint", "load_module_state_dict"),
 }
+
+
+IN_TURNS = "_serialized_restore_in_turns"  # marks the package's own method set on a strategy while Fabric loads
 
 
 class StrategyPath(enum.Enum):
@@ -32,7 +38,7 @@ class StrategyPath(enum.Enum):
     UPSTREAM = "upstream"
 
 
-def choose_strategy_path(strategy: Any, owner: str, value: object, warned: set[type]) -> StrategyPath:
+def choose_strategy_path(strategy: Any, owner: str, value: object, warned: set[Any]) -> StrategyPath:
     """(all ranks) The path of a ``Trainer``'s or ``Fabric``'s (``owner``) strategy; ``UPSTREAM`` warns once per class.
     Nothing in a turn may run a collective: single device and DDP in turns, FSDP together, anything else upstream."""
     fabric = owner == "Fabric"
@@ -42,7 +48,13 @@ def choose_strategy_path(strategy: Any, owner: str, value: object, warned: set[t
         for name in ("DDPStrategy", "SingleDeviceStrategy", "FSDPStrategy")
     )
     base = next((b for b in (ddp, single, fsdp) if isinstance(strategy, b)), None)
-    overridden = [m for m in RESTORE_METHODS[owner] if base and getattr(type(strategy), m) is not getattr(base, m)]
+    # a subclass's method, or one set on the instance (a framework's or a test's patch; not Fabric's own, in turns)
+    patched = {m for m, f in vars(strategy).items() if callable(f) and not getattr(f, IN_TURNS, False)}
+    overridden = [
+        m
+        for m in RESTORE_METHODS[owner]
+        if base and (m in patched or getattr(type(strategy), m) is not getattr(base, m))
+    ]
     if base is fsdp and not overridden:
         return StrategyPath.FSDP
     # a Trainer strategy that restores after setup restores with its model wrapped: collectives may run
@@ -72,20 +84,47 @@ class RestorePlan:
     source: Any = None  # what is read: the checkpoint, or the node-local copy of a remote one
     reader: str = "eager"  # TURNS: "mmap" or "eager", with the reason for "eager" when there is one to log
     reason: str | None = None
+    strategy: Any = None
+    namespace: str = ""  # of this restore's keys in the job's store: the same on every rank, unique to this restore
+    host_pid: int | None = None  # global rank 0's process id, sent with the namespace
+    _schedules: int = field(default=0, repr=False)
 
     def schedule(self, in_turns: bool = False) -> TurnSchedule:
-        """(all ranks) A schedule over the job's default store: ``in_turns``, with the settings' ``k``; else every
-        local rank at once."""
-        initialized = dist.is_available() and dist.is_initialized()
-        store = dist.distributed_c10d._get_default_store() if initialized and self.placement.world_size > 1 else None
+        """(all ranks, in the same order) A schedule over the job's default store: ``in_turns``, with the settings'
+        ``k``; else every local rank at once. Each gets keys of its own under the restore's namespace."""
+        self._schedules += 1
         return TurnSchedule(
-            store=store,
+            store=default_store(self.placement),
             placement=self.placement,
             max_concurrent=int(self.settings.max_concurrent) if in_turns else self.placement.local_world_size,
             checkpoint_path=str(self.checkpoint_path),
             turn_timeout=float(self.settings.turn_timeout),
+            namespace=f"{self.namespace}/{self._schedules}",
             logger=self.log,
+            on_stuck=lambda schedule, ranks: end_stuck_ranks(
+                self.strategy, self.placement, ranks, lambda: self._first_process(schedule)
+            ),
         )
+
+    def _first_process(self, schedule: TurnSchedule) -> int | None:
+        """The process id of local rank 0 of this rank's node: global rank 0's came with the namespace; another node's
+        local rank 0 wrote its own to the store as the restore started (:func:`plan_restore`)."""
+        if self.placement.node_rank == 0:
+            return self.host_pid
+        value = schedule.read(_pid_key(self.namespace, self.placement.node_rank))
+        return int(value) if value is not None and value.isascii() and value.isdigit() else None
+
+
+def _pid_key(namespace: str, node: int) -> str:
+    return f"serialized_restore/{namespace}/first process/{node}"
+
+
+def default_store(placement: RankPlacement) -> Any:
+    """The default process group's store, shared by every rank of the job; ``None`` for one process, or where the
+    ranks did not initialise ``torch.distributed``."""
+    if placement.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.distributed_c10d._get_default_store()
 
 
 def plan_restore(
@@ -94,7 +133,7 @@ def plan_restore(
     value: object,
     settings: SerializedLoading,
     checkpoint_path: Any,
-    warned: set[type],
+    warned: set[Any],
     log: logging.Logger,
     fetch: Callable[[RestorePlan], Any] | None = None,
     fsdp: bool = True,
@@ -103,13 +142,34 @@ def plan_restore(
     ``fsdp``); in turns, the file ``fetch`` returns, with the reader the settings and the file allow."""
     strategy = owner.strategy
     path = choose_strategy_path(strategy, owner_name, value, warned)
-    plan = RestorePlan(path, RankPlacement.of(owner), settings, checkpoint_path, log, source=checkpoint_path)
+    placement = RankPlacement.of(owner)
+    plan = RestorePlan(path, placement, settings, checkpoint_path, log, source=checkpoint_path, strategy=strategy)
     info = flavour_of(strategy).import_("utilities.rank_zero", "rank_zero_info", fabric=owner_name == "Fabric")
     if path is StrategyPath.FSDP and not fsdp:
         plan.strategy_path = StrategyPath.UPSTREAM
-    elif path is StrategyPath.FSDP:
-        # FSDP's own load_checkpoint broadcasts the path from rank 0 first: every rank decides on the same path
-        plan.source = strategy.broadcast(checkpoint_path)
+    if plan.strategy_path is not StrategyPath.UPSTREAM and placement.world_size > 1:
+        if default_store(placement) is None:
+            if "no store" not in warned:
+                warned.add("no store")
+                info(
+                    f"`{owner_name}(serialized_checkpoint_loading={value!r})` has no effect with"
+                    f" {type(strategy).__name__}: its {placement.world_size} processes share no `torch.distributed`"
+                    " process group, whose store the turns need. The checkpoint is restored as upstream Lightning does."
+                )
+            plan.strategy_path = StrategyPath.UPSTREAM
+            return plan
+        # a name for this restore's keys, from global rank 0 to every rank (the FSDP path with the checkpoint's path,
+        # which FSDP's own load broadcasts first): no other restore, also not a restarted attempt of the job on a store
+        # that outlived the first, reads them
+        fsdp_path = checkpoint_path if plan.strategy_path is StrategyPath.FSDP else None
+        sent = (fsdp_path, uuid.uuid4().hex, os.getpid()) if placement.global_rank == 0 else None
+        source, plan.namespace, plan.host_pid = strategy.broadcast(sent)
+        if placement.local_rank == 0 and placement.node_rank > 0 and launched_by_lightning(strategy):
+            # read only if this process is named stuck (serialized_restore/_stuck.py); sent without an answer
+            default_store(placement).set(_pid_key(plan.namespace, placement.node_rank), str(os.getpid()))
+        if plan.strategy_path is StrategyPath.FSDP:
+            plan.source = source
+    if plan.strategy_path is StrategyPath.FSDP:
         kind, why = checkpoint_kind(strategy, plan.source)
         if kind != FULL:
             info(upstream_reason(kind, why, "load" if owner_name == "Fabric" else "restore"))

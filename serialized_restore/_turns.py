@@ -1,19 +1,22 @@
 """The turn schedule: which local rank of a node restores when, and how a failure reaches every rank, on the job's own
 store client (``docs/design.md``, *The turn schedule*): blocking ``get`` with a timeout, ``add``, ``set``,
-``compare_set`` and ``multi_set``; no collective, no thread, no second connection, no polling."""
+``compare_set`` and ``multi_set``; no collective, no second connection, no polling. Every call that waits for the
+store's answer runs on a short-lived worker thread and is bounded: a store whose host stopped cannot hold a rank."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
 import faulthandler
+import functools
 import logging
 import math
 import os
-import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
-from typing import Callable
+from typing import Any, Callable
 
 import torch.distributed as dist
 
@@ -26,6 +29,7 @@ from serialized_restore._errors import (
     stalled_failure,
     store_lost_failure,
     timeout_failure,
+    unresponsive_store_failure,
     verdict_failures,
 )
 from serialized_restore._memory import TurnRecord, private_memory, turn_end_line
@@ -35,11 +39,15 @@ log = logging.getLogger(__name__)
 
 GO, FAILED, ENDED = "go", "failed", "ended"
 _LINGER = 2.0  # how long a failed stage keeps the store's host, rank 0, for the other ranks to read the verdict
-_GENERATIONS: dict[int, tuple[dist.Store, int]] = {}  # per job store: how many schedules this process has made on it
+_ANSWER = 5.0  # how long past a blocking get's own timeout its answer may take before the store counts as unresponsive
 
 
 class StoreLost(Exception):
     """The job's store could not be reached: its host exited or the connection broke."""
+
+
+class StoreUnresponsive(StoreLost):
+    """The job's store did not answer a call within its bound: its host is stopped, hung or overloaded."""
 
 
 class _Stage:
@@ -70,19 +78,26 @@ class TurnSchedule:
     exception, every other rank a :class:`CheckpointRestoreError`."""
 
     def __init__(self, *, store: dist.Store | None, placement: RankPlacement, max_concurrent: int,
-                 checkpoint_path: str, turn_timeout: float, logger: logging.Logger = log) -> None:  # fmt: skip
+                 checkpoint_path: str, turn_timeout: float, namespace: str = "", logger: logging.Logger = log,
+                 on_stuck: Callable[[TurnSchedule, list[int]], None] | None = None) -> None:  # fmt: skip
+        """``namespace``: the keys' prefix under ``serialized_restore/``, the same on every rank of this schedule and
+        never used by another (a later restore, a restarted attempt of the job): see ``RestorePlan.schedule``.
+        ``on_stuck(schedule, ranks)``: called before this rank raises an error that names ``ranks`` as stuck."""
         self.placement = p = placement
         self.max_concurrent = max(1, min(max_concurrent, p.local_world_size))
         self.checkpoint_path = checkpoint_path
         self.turn_timeout = turn_timeout
         self.log = logger
         self._store = store if p.world_size > 1 else None
-        self._prefix = ""
-        if self._store is not None:
-            # the n-th schedule of each rank meets the n-th of every other: ranks make them in the same order
-            _, generation = _GENERATIONS.get(id(self._store), (self._store, 0))
-            _GENERATIONS[id(self._store)] = (self._store, generation + 1)
-            self._prefix = f"serialized_restore/{generation}/"
+        self._prefix = f"serialized_restore/{namespace}/"
+        self._unresponsive: StoreUnresponsive | None = None  # once a call found the store wedged: no call after it
+        self._on_stuck = on_stuck
+
+    def read(self, key: str) -> str | None:
+        """(one rank) The value of ``key`` (a whole key) if it is set; ``None`` otherwise or if the store fails."""
+        with contextlib.suppress(StoreLost):
+            return self._get(key, 0.001)
+        return None
 
     def turn(self, stage: str, *, ordered: bool = True, logged: bool | None = None) -> _Turn:
         """(all ranks) Run the ``with`` block as this rank's turn of ``stage``; ``ordered=False``: every rank at once.
@@ -181,7 +196,13 @@ class TurnSchedule:
         with contextlib.suppress(StoreLost):
             self._acknowledge(keys)
         failures = verdict_failures(keys.name, verdict)
+        self._stuck(failures)
         raise restore_error(self.checkpoint_path, failures, self.placement.global_rank, own) from own
+
+    def _stuck(self, failures: list[RankFailure]) -> None:
+        stuck = [f.global_rank for f in failures if f.kind in _STUCK and f.global_rank >= 0]
+        if stuck and self._on_stuck is not None:
+            self._on_stuck(self, stuck)
 
     def _acknowledge(self, keys: _Stage) -> None:
         """(a rank that knows the stage failed) Rank 0 hosts the store, and its exit ends it: it waits (at most
@@ -196,24 +217,40 @@ class TurnSchedule:
             self._call("set", keys.all_read, "1")
 
     def _get(self, key: str, timeout: float) -> str | None:
-        """``key``'s value once set, or ``None`` after ``timeout`` seconds: one blocking ``get`` on the job's client.
-        While it blocks, Ctrl-C ends the process at once instead of after the wait (``docs/failures.md``)."""
+        """``key``'s value once set, or ``None`` after ``timeout`` seconds: one blocking ``get`` on the job's client."""
         store = self._store
         assert store is not None
-        previous = store.timeout  # type: ignore[attr-defined]
-        store.set_timeout(datetime.timedelta(seconds=min(max(timeout, 0.001), 10**7)))
+        seconds = min(max(timeout, 0.001), 10**7)
+
+        def get() -> Any:
+            previous = store.timeout  # type: ignore[attr-defined]
+            store.set_timeout(datetime.timedelta(seconds=seconds))
+            try:
+                return store.get(key)
+            finally:
+                store.set_timeout(previous)
+
         try:
-            with _sigint_ends_process():
-                return self._call("get", key)
+            return self._call(get, bound=seconds + _ANSWER)
         except _Timeout:
             return None
-        finally:
-            store.set_timeout(previous)
 
-    def _call(self, method: str, *args: object) -> str:
-        """One operation on the job's store; its failure as :class:`StoreLost` (or ``_Timeout``)."""
+    def _call(self, method: str | Callable[[], Any], *args: object, bound: float | None = None) -> str:
+        """One operation on the job's store (a method's name and arguments, or a function of the store); its failure as
+        :class:`StoreLost` (or ``_Timeout``). An operation that waits for the store's answer gets at most ``bound``
+        seconds (default: the turn timeout), on a worker thread while this thread waits in ``join``, where Ctrl-C
+        raises at once; past that the store is unresponsive, and no later call touches it."""
+        if self._unresponsive is not None:
+            raise self._unresponsive
+        call = method if callable(method) else functools.partial(getattr(self._store, method), *args)
         try:
-            value = getattr(self._store, method)(*args)
+            if method in _UNANSWERED:  # sent without waiting for an answer: cannot block
+                value = call()
+            else:
+                value = _bounded(call, self.turn_timeout if bound is None else bound)
+        except _NoAnswer as err:
+            self._unresponsive = StoreUnresponsive(f"the store did not answer within {err.seconds:g}s")
+            raise self._unresponsive from None
         except dist.DistStoreError as err:
             if "timeout" in str(err).lower():
                 raise _Timeout() from err
@@ -227,8 +264,11 @@ class TurnSchedule:
         try:
             yield
         except StoreLost as err:
-            failure = store_lost_failure(stage, self.placement.global_rank, err)
-            raise restore_error(self.checkpoint_path, [failure], self.placement.global_rank) from None
+            observer = self.placement.global_rank
+            make = unresponsive_store_failure if isinstance(err, StoreUnresponsive) else store_lost_failure
+            failures = [make(stage, observer, err)]
+            self._stuck(failures)
+            raise restore_error(self.checkpoint_path, failures, observer) from None
 
 
 class _Turn:
@@ -240,6 +280,7 @@ class _Turn:
         self.record = TurnRecord(stage=keys.name)
         self.arrived = self.started = time.monotonic()
         self.memory_before = 0
+        self.watchdog: _StackOnTimeout | None = None
 
     def __enter__(self) -> TurnRecord:
         schedule, record = self.schedule, self.record
@@ -256,13 +297,13 @@ class _Turn:
             schedule.log.info(f"[rank {schedule.placement.global_rank}] serialized restore: {message}")
         self.memory_before = private_memory() if self.logged else 0
         self.started = time.monotonic()
-        with contextlib.suppress(Exception):  # no stderr file descriptor: no stack, as without faulthandler
-            # the stack of a rank stuck in its turn, printed by that rank when its timers give up on it
-            faulthandler.dump_traceback_later(schedule.turn_timeout, exit=False)
+        if schedule._store is not None:
+            self.watchdog = _StackOnTimeout(schedule.turn_timeout)
         return record
 
     def __exit__(self, kind: object, err: BaseException | None, tb: object) -> None:
-        faulthandler.cancel_dump_traceback_later()
+        if self.watchdog is not None:
+            self.watchdog.cancel()
         schedule, record = self.schedule, self.record
         try:
             if err is not None:
@@ -283,18 +324,57 @@ class _Timeout(Exception):
     pass
 
 
-@contextlib.contextmanager
-def _sigint_ends_process() -> Iterator[None]:
-    """While the main thread blocks in the store, SIGINT takes its default action: Python's own handler would run only
-    once the wait returns, and the store client restarts a wait a signal interrupted."""
-    try:
-        default = signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        if default:
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-    except ValueError:  # not the main thread: signals are not delivered here anyway
-        default = False
-    try:
-        yield
-    finally:
-        if default:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+class _NoAnswer(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.seconds = seconds
+
+
+# the failures that name a rank that did not end: stuck in its turn, or the store's host not answering
+_STUCK = (FailureKind.TIMEOUT, FailureKind.STORE_UNRESPONSIVE)
+# the store calls that send without waiting for an answer (a stopped host cannot block them)
+_UNANSWERED = ("set", "multi_set")
+
+
+def _bounded(call: Callable[[], Any], seconds: float) -> Any:
+    """``call()`` on a daemon worker thread; its value or exception, or ``_NoAnswer`` once ``seconds`` have passed (the
+    call then goes on alone: torch's store client waits for an answer without a bound, even after its own timeout)."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as err:  # handed to the waiting thread
+            outcome.append((False, err))
+
+    worker = threading.Thread(target=run, name="serialized-restore-store", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if not outcome:
+        raise _NoAnswer(seconds)
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
+class _StackOnTimeout:
+    """While a rank is in its turn: at the turn timeout, when the ranks timing it give up on it, print this process's
+    stack (every thread's) to stderr, which shows the collective or read it is blocked in. A thread of its own, so that
+    the process's ``faulthandler`` timer, which may be the user's, is left alone."""
+
+    def __init__(self, seconds: float) -> None:
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(seconds,), name="serialized-restore-turn", daemon=True)
+        self._thread.start()
+
+    def _run(self, seconds: float) -> None:
+        if not self._done.wait(seconds):
+            with contextlib.suppress(Exception):  # no stderr file descriptor: no stack
+                sys.stderr.write(f"serialized restore: turn still running after {seconds:g}s (turn timeout):\n")
+                sys.stderr.flush()
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+    def cancel(self) -> None:
+        self._done.set()
+        self._thread.join()

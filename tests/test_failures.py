@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from harness.models import make_model_class
+from harness.processes import job_env, kill_job, session_processes, start_job
 from tests.helpers import launch
 
 FAILING_JOB = Path(__file__).with_name("helpers") / "failing_job.py"
@@ -305,15 +306,65 @@ def test_a_turn_past_the_timeout_names_the_setting_and_the_cause(tmp_path, check
     fault_at = run.fault_at(name)
     # the waiting rank's bound counts from when the turn could start, a little before the fault
     assert turn_timeout - 0.5 <= waiting["ended_at"] - fault_at < turn_timeout + PROMPT
-    # the stuck rank printed where it was (faulthandler), and ended: with the same error, or its store gone
+    # the stuck rank printed where it was, and ended: with the same error, or its store gone
     if fault["in"] != "stop":
-        assert "Timeout (0:00:04)!" in run.output and "on_load_checkpoint" in run.output, run.output[-4000:]
+        assert "turn still running after 4s" in run.output and "on_load_checkpoint" in run.output, run.output[-4000:]
     if fault["in"] == "collective":
         assert "in broadcast" in run.output, run.output[-4000:]
     stuck = run.ranks(name).get(failed)
     assert stuck is None or stuck["failed_ranks"] in ([failed], [0]), stuck
     assert run.returncode != 0
     assert run.ended - fault_at < turn_timeout + 30
+
+
+# ---------------------------------------------------------------------------------------------- a stuck rank ends
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("stopped", [1, 0], ids=["rank 1 stopped", "rank 0 stopped"])
+@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
+def test_a_rank_stopped_in_its_turn_ends_with_the_job(tmp_path: Path, trained_checkpoint: Path, launcher, stopped):
+    """A rank stopped (SIGSTOP) inside its turn, under Lightning's own launcher (rank 0 is the first process, which
+    starts the other and hosts the store) or torchrun (its agent hosts the store): the other rank raises naming it
+    within the turn timeout plus a few seconds, and no process of the job is alive 20 s after the job's first process
+    exits (where that is the stopped rank: after the other rank ended)."""
+    turn_timeout = 5.0
+    case = {"name": "stop", "ckpt_path": str(trained_checkpoint), "fault": {"rank": stopped, "in": "stop"}}
+    out = tmp_path / "job"
+    config = {"out": str(out), "devices": 2, "cases": [case]}
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    env = job_env({"SERIALIZED_RESTORE_TURN_TIMEOUT": str(turn_timeout)})
+    with open(tmp_path / "output.txt", "w") as output:
+        proc = start_job(FAILING_JOB, config, cwd=tmp_path, env=env, stdout=output,
+                         argv=torchrun if launcher == "torchrun" else None)  # fmt: skip
+    other = 1 - stopped
+    report = out / "stop" / f"rank{other}.json"
+    try:
+        deadline = time.monotonic() + 120
+        while not report.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        reported = time.time()
+        assert report.exists(), (tmp_path / "output.txt").read_text()[-4000:]
+        fault_at = json.loads((out / "stop" / "fault.json").read_text())["at"]
+        outcome = json.loads(report.read_text())
+        assert outcome["failed_ranks"] == [stopped], outcome
+        kinds = ["store unresponsive"] if (launcher, stopped) == ("lightning", 0) else ["timeout"]
+        assert outcome["kinds"] == kinds, outcome
+        assert outcome["ended_at"] - fault_at < turn_timeout + 8, outcome["ended_at"] - fault_at
+        # the first process: torchrun's agent, or Lightning's rank 0, which exits unless it is the stopped one
+        if launcher == "torchrun" or stopped != 0:
+            proc.wait(timeout=60)
+            ended = time.time()
+        else:
+            ended = reported
+        while session_processes(proc.pid) and time.time() < ended + 20:
+            time.sleep(0.2)
+        alive = session_processes(proc.pid)
+        assert not alive, (alive, (tmp_path / "output.txt").read_text()[-4000:])
+        print(f"TIMING {launcher}, rank {stopped} stopped: other rank raised {outcome['ended_at'] - fault_at:.2f}s"
+              f" after the fault, job gone {time.time() - fault_at:.2f}s after it")  # fmt: skip
+    finally:
+        kill_job(proc)
 
 
 # ------------------------------------------------------------------------------------------------------ bad input

@@ -33,6 +33,10 @@ IMPORTED = [
     ("fabric", "utilities.types", "_Stateful"),
     ("fabric", "utilities.rank_zero", "rank_zero_info"),
     ("fabric", "plugins.io.torch_io", "TorchCheckpointIO"),
+    ("fabric", "strategies.model_parallel", "_load_raw_module_state"),
+    ("fabric", "strategies.fsdp", "_get_full_state_dict_context"),
+    ("pytorch", "strategies.launchers.subprocess_script", "_SubprocessScriptLauncher"),
+    ("fabric", "strategies.launchers.subprocess_script", "_SubprocessScriptLauncher"),
 ]
 # (class, method, the parameters the package passes or relies on): what it overrides or calls
 CONNECTOR_METHODS = [
@@ -81,6 +85,10 @@ def test_every_overridden_or_patched_member_exists_with_the_parameters_used(flav
         assert hasattr(strategy, member), member
     assert hasattr(type(strategy), "restore_checkpoint_after_setup")
     assert hasattr(pytorch.strategies.DDPStrategy, "num_processes")
+    # the launched processes of Lightning's own launcher, which the package kills when they are named stuck
+    launcher = importlib.import_module(f"{pytorch.__name__}.strategies.launchers.subprocess_script")
+    ddp = pytorch.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False).strategy
+    assert isinstance(ddp.launcher, launcher._SubprocessScriptLauncher) and ddp.launcher.procs == []
     instance = fabric.Fabric(accelerator="cpu", devices=1)
     assert hasattr(instance, "_strategy") and instance._strategy is instance.strategy
     for method, parameters in (("load", ["path", "state", "strict"]), ("load_raw", ["path", "obj", "strict"])):

@@ -375,7 +375,8 @@ def test_a_collective_in_a_turn_is_named_and_the_stuck_rank_prints_its_stack(tmp
     result = _run(tmp_path, 3, scenario, timeout=40)
     _assert_timed_out(result, 3, 1, 3.0)
     stack = (tmp_path / "stderr1.txt").read_text()
-    assert "Timeout (0:00:03)!" in stack and "in broadcast" in stack and "_misbehave" in stack, stack
+    assert "turn still running after 3s (turn timeout)" in stack, stack
+    assert "in broadcast" in stack and "_misbehave" in stack, stack
 
 
 @pytest.mark.timeout(60)
@@ -464,15 +465,15 @@ def test_waiting_writes_nothing_to_stderr(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_ctrl_c_ends_a_waiting_rank_at_once(tmp_path):
-    """SIGINT to a rank blocked waiting for its turn ends that process at once (its turn was seconds away), not
-    when its wait returns; its successor then names it at the turn timeout."""
-    scenario = {"actions": {"0": "sleep:3"}, "interrupt": {"1": 1.0}, "silent": [1], "turn_timeout": 4.0}
-    began = time.time()
+    """SIGINT to a rank blocked waiting for its turn raises ``KeyboardInterrupt`` there at once (its turn was seconds
+    away), not when its wait returns, through the process's own SIGINT handler; its successor then names it at the
+    turn timeout."""
+    scenario = {"actions": {"0": "sleep:3"}, "interrupt": {"1": 1.0}, "turn_timeout": 4.0}
     result = _run(tmp_path, 3, scenario, timeout=40)
-    assert result["exitcodes"][1] == -signal.SIGINT, result["exitcodes"]
     sent = float((tmp_path / "interrupt1.txt").read_text())
-    assert sent - began < 15, sent - began
-    assert "1" not in {str(r) for r in result["ranks"]}, result["ranks"].keys()
+    interrupted = result["ranks"][1]
+    assert "KeyboardInterrupt" in interrupted["unexpected"], interrupted
+    assert interrupted["ended"] - sent < 1.0, interrupted["ended"] - sent
     assert result["ranks"][2]["failed_ranks"] == [1] and result["ranks"][2]["kinds"] == ["timeout"]
 
 
