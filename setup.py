@@ -1,8 +1,10 @@
 import re
+import shutil
 from pathlib import Path
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 
 here = Path(__file__).parent
 PTH = "serialized_restore.pth"
@@ -34,6 +36,17 @@ class build_py_with_pth(build_py):
         return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / PTH)]
 
 
+class editable_wheel_with_pth(editable_wheel):
+    """The same ``.pth`` line in an editable install (``pip install -e``), which otherwise holds only setuptools' own
+    finder: ``SERIALIZED_RESTORE`` alone then switches the option on there too. Python reads the ``.pth`` files of
+    site-packages in name order, setuptools' ``__editable__`` one first, so the package is found when this line runs."""
+
+    def _run_build_commands(self, dist_name, unpacked_wheel, build_lib, tmp_dir):  # noqa: ANN001, ANN202
+        outputs = super()._run_build_commands(dist_name, unpacked_wheel, build_lib, tmp_dir)
+        shutil.copyfile(here / "serialized_restore" / "_bootstrap" / PTH, Path(unpacked_wheel) / PTH)
+        return outputs
+
+
 setup(
     name="serialized_restore",
     version=version["__version__"],
@@ -43,7 +56,7 @@ setup(
     packages=find_packages(include=["serialized_restore", "serialized_restore.*"]),
     package_data={"serialized_restore": ["py.typed", "_bootstrap/sitecustomize.py"]},
     entry_points={"console_scripts": ["serialized-restore = serialized_restore._launch:main"]},
-    cmdclass={"build_py": build_py_with_pth},
+    cmdclass={"build_py": build_py_with_pth, "editable_wheel": editable_wheel_with_pth},
     # Lightning 2.6 needs Python >= 3.10; CI tests Python 3.11 (requirements/ci.txt)
     python_requires=">=3.10",
     # Supported: Lightning 2.4, 2.5 and 2.6 (serialized_restore/_compat.py's SUPPORTED, which Trainer(...) and

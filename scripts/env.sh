@@ -31,6 +31,4 @@ if [ ! -f "$STAMP" ]; then
 fi
 # shellcheck disable=SC1091
 source .venv/bin/activate
-# the editable install places no start-up hook: without it SERIALIZED_RESTORE alone would do nothing here
-python -m serialized_restore hook install > /dev/null
 echo "environment: $(python -c 'import torch; print("torch", torch.__version__ + ", CUDA build:", torch.version.cuda or "no")')" >&2

@@ -176,9 +176,10 @@ def test_wheel_installs_into_a_fresh_venv(dist: Path, tmp_path: Path) -> None:
     assert _switch(python, tmp_path) == "switched"
 
 
-def test_the_variable_switches_it_on_in_an_editable_install_once_the_hook_is_installed(tmp_path: Path) -> None:
-    """`pip install -e` places no start-up `.pth`: `SERIALIZED_RESTORE` does nothing until `serialized-restore hook
-    install` (which `scripts/env.sh` runs) puts it in site-packages; `hook remove` takes it out again."""
+def test_the_variable_switches_it_on_in_an_editable_install(tmp_path: Path) -> None:
+    """`pip install -e` places the start-up `.pth` too (`setup.py`'s `editable_wheel`): `SERIALIZED_RESTORE` alone
+    switches the option on, with no other command; `serialized-restore hook remove` takes the line out, `hook install`
+    puts it back."""
     tree = tmp_path / "tree"
     shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(*_NOT_SOURCES))
     venv = tmp_path / "venv"
@@ -188,14 +189,16 @@ def test_the_variable_switches_it_on_in_an_editable_install_once_the_hook_is_ins
     install = [*_pip(python), "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(tree)]
     result = subprocess.run(install, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert not (site / "serialized_restore.pth").exists()
-    assert _switch(python, tmp_path, _HOOKED) == "upstream"
+    assert (site / "serialized_restore.pth").exists()
+    assert _switch(python, tmp_path) == "switched"  # through Lightning itself
     command = str(venv / "bin" / "serialized-restore")
 
     def hook(action: str) -> None:
         result = subprocess.run([command, "hook", action], capture_output=True, text=True)
         assert result.returncode == 0 and str(venv) in result.stdout, result.stdout + result.stderr
 
+    hook("remove")
+    assert _switch(python, tmp_path, _HOOKED) == "upstream"
     hook("install")
     assert _switch(python, tmp_path) == "switched"  # through Lightning itself
     hook("install")  # again: nothing changes
