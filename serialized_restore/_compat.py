@@ -21,7 +21,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from serialized_restore._flavour import Flavour
+from serialized_restore._flavour import Flavour, names_of_flavour
 
 SUPPORTED_RANGE = ">=2.4,<2.7"
 """The releases supported (as ``setup.py`` requires), each tested: 2.4.0, 2.5.6, 2.6.6 and Lightning's master."""
@@ -56,7 +56,8 @@ def check_supported(flavour: Flavour, owner: str) -> None:
 @functools.cache
 def passes_weights_only(flavour: Flavour, fabric: bool = False) -> bool:
     """Whether the release's ``Strategy.load_checkpoint`` (the Trainer's, or ``fabric``'s) takes ``weights_only``."""
-    strategy = importlib.import_module(f"{flavour.fabric if fabric else flavour.pytorch}.strategies").Strategy
+    names = names_of_flavour(flavour)
+    strategy = names.FabricStrategy if fabric else names.Strategy
     return "weights_only" in inspect.signature(strategy.load_checkpoint).parameters
 
 
@@ -68,8 +69,7 @@ def weights_only_kwargs(flavour: Flavour, weights_only: bool | None, fabric: boo
 @functools.cache
 def _default_weights_only(flavour: Flavour) -> bool | None:
     """The default ``weights_only`` of the release's ``_load``: ``False`` before 2.6, ``None`` (torch's) since."""
-    load = importlib.import_module(f"{flavour.fabric}.utilities.cloud_io")._load
-    default = inspect.signature(load).parameters["weights_only"].default
+    default = inspect.signature(names_of_flavour(flavour).load).parameters["weights_only"].default
     return None if default is inspect.Parameter.empty else default
 
 

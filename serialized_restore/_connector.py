@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from serialized_restore._compat import restores_callbacks_only_when_fitting, weights_only_for
-from serialized_restore._flavour import flavour_of
+from serialized_restore._flavour import flavour_of, lightning_names
 from serialized_restore._fsdp import FULL, load_full_checkpoint, upstream_reason
 from serialized_restore._memory import TurnRecord
 from serialized_restore._optimizer_state import Fingerprint, OptimizerSource, converts_on_load, load_in_place
@@ -75,7 +75,7 @@ class _SerializedCheckpointConnectorMixin:
         if self._settings is None or not checkpoint_path:
             super()._restore_modules_and_callbacks(checkpoint_path, *args, **kwargs)  # type: ignore[misc]
             return
-        fitting = self.trainer.state.fn == flavour_of(self).import_("trainer.states", "TrainerFn").FITTING
+        fitting = self.trainer.state.fn == lightning_names(self).TrainerFn.FITTING
         weights_only = kwargs.get("weights_only", args[0] if args else None)
         restore = self._restore = _Restore(weights_only, fitting, guarded=guard_checkpoint_callbacks(self.trainer))
         try:
@@ -231,26 +231,23 @@ class _SerializedCheckpointConnectorMixin:
         source = restore.local_copy.checked_path() if restore.local_copy is not None else path
         # the local copy of a URL is read as upstream reads the URL
         weights_only = weights_only_for(path, restore.weights_only)
-        with flavour_of(self).import_("utilities.migration", "pl_legacy_patch")():
+        with lightning_names(self).pl_legacy_patch():
             loaded = read_checkpoint(self.trainer.strategy, source, weights_only, reader, reason, self._log)
         loaded.checkpoint = self._migrate(loaded.checkpoint, path)
         return loaded
 
     def _migrate(self, checkpoint: dict[str, Any], checkpoint_path: Any) -> dict[str, Any]:
-        migrate = flavour_of(self).import_("utilities.migration.utils", "_pl_migrate_checkpoint")
-        return migrate(checkpoint, checkpoint_path)
+        return lightning_names(self).pl_migrate_checkpoint(checkpoint, checkpoint_path)
 
     def _rank_zero_info(self, message: str) -> None:
-        flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(message)
+        lightning_names(self).rank_zero_info(message)
 
 
 def guard_checkpoint_callbacks(trainer: Any) -> list[Any]:
     """(each rank, as a serialized restore starts) Until :func:`release`, the checkpoint callbacks that would save in
     ``on_exception`` warn instead: a failure before the restore ends would save a partly restored model."""
-    flavour = flavour_of(trainer)
-    checkpoint_cls = flavour.import_("callbacks", "Checkpoint")
-    model_checkpoint_cls = flavour.import_("callbacks", "ModelCheckpoint")
-    callback_cls = flavour.import_("callbacks", "Callback")
+    names = lightning_names(trainer)
+    checkpoint_cls, model_checkpoint_cls, callback_cls = names.Checkpoint, names.ModelCheckpoint, names.Callback
 
     def saves_on_exception(callback: Any) -> bool:
         own = getattr(type(callback), "on_exception", None)
@@ -267,7 +264,7 @@ def guard_checkpoint_callbacks(trainer: Any) -> list[Any]:
     def on_exception(*args: Any, **kwargs: Any) -> None:
         if not warned:
             warned.append(True)
-            flavour.import_("utilities.rank_zero", "rank_zero_warn")(
+            names.rank_zero_warn(
                 f"The checkpoint restore did not complete, so {', '.join(type(cb).__name__ for cb in guarded)} will"
                 " not save a checkpoint of the partly restored model."
             )

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from serialized_restore._compat import check_supported
-from serialized_restore._flavour import flavour_of
+from serialized_restore._flavour import flavour_of, lightning_names
 from serialized_restore._fsdp import FULL, load_optimizer_states, load_weights, upstream_reason
 from serialized_restore._options import options_from
 from serialized_restore._plan import IN_TURNS, RestorePlan, StrategyPath, choose_strategy_path, plan_restore
@@ -83,7 +83,7 @@ class SerializedFabricMixin:
         def load_checkpoint(path: Any, state: Any = None, strict: bool = True, **kwargs: Any) -> dict[str, Any]:
             modules = {}
             if isinstance(state, dict):
-                has_fsdp_modules = flavour_of(self).import_("strategies.fsdp", "_has_fsdp_modules", fabric=True)
+                has_fsdp_modules = lightning_names(self).has_fsdp_modules
                 modules = {key: obj for key, obj in state.items() if has_fsdp_modules(obj)}
             plan = plan_restore(
                 self, "Fabric", self._serialized_value, settings, path, self._serialized_warned, self._serialized_log,
@@ -136,7 +136,7 @@ class SerializedFabricMixin:
                    ) -> dict[str, Any]:  # fmt: skip
         """(all ranks together) FSDP's load of a full checkpoint into one FSDP model, memory-mapped, each rank copying
         its shard (``_fsdp.py``); unpickled without restriction whatever ``weights_only`` says, as upstream."""
-        strategy, flavour = self._strategy, flavour_of(self)
+        strategy, names = self._strategy, lightning_names(self)
         self._rank_zero_info(upstream_reason(FULL, "", "load"))
         ((module_key, module),) = modules.items()
         optimizers = {key: obj for key, obj in state.items() if isinstance(obj, torch.optim.Optimizer)}
@@ -148,27 +148,23 @@ class SerializedFabricMixin:
         load_optimizer_states(strategy, module, list(optimizers.values()), states, schedule)
         del states
         requested = state.keys() - modules.keys() - optimizers.keys()
-        flavour.import_("strategies.strategy", "_validate_keys_for_strict_loading", fabric=True)(
-            requested, checkpoint.keys(), strict=strict
-        )
+        names.validate_keys_for_strict_loading(requested, checkpoint.keys(), strict=strict)
         self._copy_for_stateful_objects(checkpoint, state, mapped)
-        flavour.import_("utilities.load", "_move_state_into", fabric=True)(
-            source=checkpoint, destination=state, keys=requested
-        )
+        names.move_state_into(source=checkpoint, destination=state, keys=requested)
         with schedule.turn(STAGE_COPY, ordered=False, logged=True) as record:
             record.bytes_copied = self._copy_kept(state, checkpoint, mapped)
             wait_for_device_copies()
         return checkpoint
 
     def _rank_zero_info(self, message: str) -> None:
-        flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=True)(message)
+        lightning_names(self).fabric_rank_zero_info(message)
 
     def _copy_for_stateful_objects(self, checkpoint: Any, state: Any, mapped: set[int]) -> int:
         """Give stateful objects other than modules and optimizers a private copy of their entry (what they keep of it
         cannot be found afterwards)."""
         if not isinstance(state, dict) or not isinstance(checkpoint, dict):
             return 0
-        stateful = flavour_of(self).import_("utilities.types", "_Stateful", fabric=True)
+        stateful = lightning_names(self).Stateful
         others = (torch.nn.Module, torch.optim.Optimizer)
         entries = {
             name: checkpoint[name]

@@ -8,7 +8,7 @@ import functools
 from pathlib import Path
 from typing import Any, Callable
 
-from serialized_restore._flavour import flavour_of
+from serialized_restore._flavour import lightning_names
 from serialized_restore._readers import (
     copy_kept_out_of_mapping,
     load_mmap,
@@ -29,7 +29,7 @@ def checkpoint_kind(strategy: Any, path: Any) -> tuple[str | None, str]:
     local = local_path(path)
     if local is None:
         return None, f"{path!r} is not a local path"
-    if flavour_of(strategy).import_("strategies.fsdp", "_is_sharded_checkpoint", fabric=True)(Path(local)):
+    if lightning_names(strategy).is_sharded_checkpoint(Path(local)):
         return SHARDED, ""
     reason = path_unmappable_reason(local)
     return (FULL, "") if reason is None else (None, reason or f"{path!r} is not a checkpoint file")
@@ -80,9 +80,7 @@ def load_weights(strategy: Any, state_dict: dict[str, Any], model: Any, strict: 
     """(all ranks together) Lightning's ``_load_raw_module_state``, each unit's gathered memory freed when done."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    load_raw_module_state = flavour_of(strategy).import_(
-        "strategies.model_parallel", "_load_raw_module_state", fabric=True
-    )
+    load_raw_module_state = lightning_names(strategy).load_raw_module_state
     # registered after FSDP's own post-hook, so it runs once the unit has resharded and freed its gathered parameter
     handles = [
         unit.register_load_state_dict_post_hook(lambda *_: release_freed_memory()) for unit in FSDP.fsdp_modules(model)
@@ -102,10 +100,10 @@ def load_optimizer_states(
     Rank 0 re-keys first, so that its failure reaches the others through ``schedule``, not as a hung collective."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    flavour = flavour_of(strategy)
-    full_state_dict_context = flavour.import_("strategies.fsdp", "_get_full_state_dict_context", fabric=True)
+    names = lightning_names(strategy)
+    full_state_dict_context = names.get_full_state_dict_context
     # Lightning's own re-keying (by parameter index to by name), as upstream's FSDP restore does it
-    rekey = flavour.import_("strategies.model_parallel", "_rekey_optimizer_state_if_needed", fabric=True)
+    rekey = names.rekey_optimizer_state_if_needed
     prepared: list[dict[str, Any]] = [{} for _ in states]
 
     def prepare() -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from serialized_restore._flavour import flavour_of
+from serialized_restore._flavour import lightning_names
 
 VARIABLE = "SERIALIZED_RESTORE"
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.realpath(__file__)), "_bootstrap")  # its ``sitecustomize.py``
@@ -89,7 +89,8 @@ def _default_to(cls: type, value: object, by: str, fabric: bool) -> None:
                 f"serialized restore: the program builds {owner}(serialized_checkpoint_loading={given!r}) itself,"
                 f" which wins over {value!r} set {by}"
             )
-        flavour_of(self).import_("utilities.rank_zero", "rank_zero_info", fabric=fabric)(message)
+        names = lightning_names(self)
+        (names.fabric_rank_zero_info if fabric else names.rank_zero_info)(message)
 
     parameters = [p.replace(default=value) if p.name == _PARAMETER else p for p in signature.parameters.values()]
     __init__.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from serialized_restore._flavour import flavour_of
+from serialized_restore._flavour import lightning_names
 from serialized_restore._fsdp import FULL, checkpoint_kind, upstream_reason
 from serialized_restore._options import SerializedLoading
 from serialized_restore._placement import RankPlacement
@@ -42,10 +42,11 @@ def choose_strategy_path(strategy: Any, owner: str, value: object, warned: set[A
     """(all ranks) The path of a ``Trainer``'s or ``Fabric``'s (``owner``) strategy; ``UPSTREAM`` warns once per class.
     Nothing in a turn may run a collective: single device and DDP in turns, FSDP together, anything else upstream."""
     fabric = owner == "Fabric"
-    flavour = flavour_of(strategy)
+    names = lightning_names(strategy)
     ddp, single, fsdp = (
-        flavour.import_("strategies", name, fabric=fabric)
-        for name in ("DDPStrategy", "SingleDeviceStrategy", "FSDPStrategy")
+        (names.FabricDDPStrategy, names.FabricSingleDeviceStrategy, names.FabricFSDPStrategy)
+        if fabric
+        else (names.DDPStrategy, names.SingleDeviceStrategy, names.FSDPStrategy)
     )
     base = next((b for b in (ddp, single, fsdp) if isinstance(strategy, b)), None)
     # a subclass's method, or one set on the instance (a framework's or a test's patch; not Fabric's own, in turns)
@@ -65,7 +66,7 @@ def choose_strategy_path(strategy: Any, owner: str, value: object, warned: set[A
         collectives = "its restore may run collectives, which cannot run while ranks take turns"
         why = f"it overrides {', '.join(overridden)}" if overridden else collectives
         done = "loaded" if fabric else "restored"
-        flavour.import_("utilities.rank_zero", "rank_zero_warn", fabric=fabric)(
+        (names.fabric_rank_zero_warn if fabric else names.rank_zero_warn)(
             f"`{owner}(serialized_checkpoint_loading={value!r})` has no effect with {type(strategy).__name__}:"
             f" {why}. The checkpoint is {done} as upstream Lightning does."
         )
@@ -144,7 +145,8 @@ def plan_restore(
     path = choose_strategy_path(strategy, owner_name, value, warned)
     placement = RankPlacement.of(owner)
     plan = RestorePlan(path, placement, settings, checkpoint_path, log, source=checkpoint_path, strategy=strategy)
-    info = flavour_of(strategy).import_("utilities.rank_zero", "rank_zero_info", fabric=owner_name == "Fabric")
+    names = lightning_names(strategy)
+    info = names.fabric_rank_zero_info if owner_name == "Fabric" else names.rank_zero_info
     if path is StrategyPath.FSDP and not fsdp:
         plan.strategy_path = StrategyPath.UPSTREAM
     if plan.strategy_path is not StrategyPath.UPSTREAM and placement.world_size > 1:

@@ -14,7 +14,7 @@ import fsspec
 import torch
 
 from serialized_restore._compat import read_weights_only, weights_only_kwargs
-from serialized_restore._flavour import flavour_of
+from serialized_restore._flavour import flavour_of, lightning_names
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,7 @@ def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, str | 
 
 def stock_checkpoint_io(strategy: Any) -> bool:
     """Whether the strategy reads with Lightning's own ``TorchCheckpointIO`` (not a subclass, not a user's own)."""
-    stock = flavour_of(strategy).import_("plugins.io.torch_io", "TorchCheckpointIO", fabric=True)
-    return type(strategy.checkpoint_io) is stock
+    return type(strategy.checkpoint_io) is lightning_names(strategy).TorchCheckpointIO
 
 
 def read_checkpoint(

@@ -13,20 +13,16 @@ import os
 import signal
 from typing import Any, Callable
 
-from serialized_restore._flavour import flavour_of
+from serialized_restore._flavour import lightning_names
 from serialized_restore._placement import RankPlacement
 
 
 def launched_by_lightning(strategy: Any) -> bool:
     """Whether the job's processes were started by Lightning's own launcher (Trainer's or Fabric's)."""
-    launcher = getattr(strategy, "launcher", None)
-    flavour = flavour_of(strategy)
-    classes = []
-    for fabric in (False, True):
-        with contextlib.suppress(ImportError, AttributeError):
-            module = "strategies.launchers.subprocess_script"
-            classes.append(flavour.import_(module, "_SubprocessScriptLauncher", fabric=fabric))
-    return isinstance(launcher, tuple(classes))
+    names = lightning_names(strategy)
+    return isinstance(
+        getattr(strategy, "launcher", None), (names.SubprocessScriptLauncher, names.FabricSubprocessScriptLauncher)
+    )
 
 
 def end_stuck_ranks(

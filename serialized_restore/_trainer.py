@@ -9,7 +9,7 @@ from typing import Any, Callable, ClassVar, Union
 
 from serialized_restore._compat import check_supported
 from serialized_restore._connector import _SerializedCheckpointConnectorMixin
-from serialized_restore._flavour import flavour_of
+from serialized_restore._flavour import flavour_of, lightning_names
 from serialized_restore._options import SerializedLoading, options_from
 
 # `int`, not jsonargparse's PositiveInt: importing jsonargparse would cost every process 0.1 s; a count below 1 from
@@ -58,7 +58,7 @@ class SerializedRestoreTrainerMixin:
         self.__dict__["_serialized_connector"] = connector
         value = self.__dict__.get("_serialized_loading", False)
         if value is not False and not isinstance(connector, _SerializedCheckpointConnectorMixin):
-            flavour_of(self).import_("utilities.rank_zero", "rank_zero_info")(
+            lightning_names(self).rank_zero_info(
                 f"`Trainer(serialized_checkpoint_loading={value!r})` has no effect: the Trainer's checkpoint"
                 f" connector was replaced by {type(connector).__qualname__}, which restores as upstream."
             )

@@ -9,35 +9,8 @@ import inspect
 import pytest
 import torch.distributed as dist
 
-# (module under the flavour's pytorch or fabric root, name): what the package imports through ``Flavour.import_``
-IMPORTED = [
-    ("pytorch", "trainer.connectors.checkpoint_connector", "_CheckpointConnector"),
-    ("pytorch", "trainer.states", "TrainerFn"),
-    ("pytorch", "utilities.migration", "pl_legacy_patch"),
-    ("pytorch", "utilities.migration.utils", "_pl_migrate_checkpoint"),
-    ("pytorch", "utilities.rank_zero", "rank_zero_info"),
-    ("pytorch", "utilities.rank_zero", "rank_zero_warn"),
-    ("pytorch", "callbacks", "Checkpoint"),
-    ("pytorch", "callbacks", "ModelCheckpoint"),
-    ("pytorch", "strategies", "DDPStrategy"),
-    ("pytorch", "strategies", "SingleDeviceStrategy"),
-    ("pytorch", "strategies", "FSDPStrategy"),
-    ("fabric", "strategies", "DDPStrategy"),
-    ("fabric", "strategies", "SingleDeviceStrategy"),
-    ("fabric", "strategies", "FSDPStrategy"),
-    ("fabric", "strategies.fsdp", "_has_fsdp_modules"),
-    ("fabric", "strategies.fsdp", "_is_sharded_checkpoint"),
-    ("fabric", "strategies.model_parallel", "_rekey_optimizer_state_if_needed"),
-    ("fabric", "strategies.strategy", "_validate_keys_for_strict_loading"),
-    ("fabric", "utilities.load", "_move_state_into"),
-    ("fabric", "utilities.types", "_Stateful"),
-    ("fabric", "utilities.rank_zero", "rank_zero_info"),
-    ("fabric", "plugins.io.torch_io", "TorchCheckpointIO"),
-    ("fabric", "strategies.model_parallel", "_load_raw_module_state"),
-    ("fabric", "strategies.fsdp", "_get_full_state_dict_context"),
-    ("pytorch", "strategies.launchers.subprocess_script", "_SubprocessScriptLauncher"),
-    ("fabric", "strategies.launchers.subprocess_script", "_SubprocessScriptLauncher"),
-]
+from serialized_restore._flavour import Flavour, LightningNames, declared_names
+
 # (class, method, the parameters the package passes or relies on): what it overrides or calls
 CONNECTOR_METHODS = [
     ("_restore_modules_and_callbacks", ["checkpoint_path"]),
@@ -55,13 +28,17 @@ FLAVOURS = {
 
 @pytest.mark.parametrize("flavour", sorted(FLAVOURS))
 def test_every_imported_lightning_name_resolves(flavour: str) -> None:
-    """Each module-level name the package takes from Lightning is there, in this flavour."""
-    roots = dict(zip(("pytorch", "fabric"), FLAVOURS[flavour]))
-    missing = [
-        f"{roots[root]}.{module}.{name}"
-        for root, module, name in IMPORTED
-        if not hasattr(importlib.import_module(f"{roots[root]}.{module}"), name)
-    ]
+    """Each Lightning name the package takes (``LightningNames``, the one place they are declared) is there, in this
+    flavour."""
+    names = LightningNames(Flavour(*FLAVOURS[flavour]))
+    declared = declared_names()
+    assert len(declared) >= 30, sorted(declared)
+    missing = []
+    for attribute, (root, module, name) in declared.items():
+        try:
+            getattr(names, attribute)
+        except (ImportError, AttributeError):
+            missing.append(f"{FLAVOURS[flavour][root == 'fabric']}.{module}.{name}")
     assert not missing, missing
 
 
