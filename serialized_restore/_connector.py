@@ -21,11 +21,10 @@ from serialized_restore._readers import (
     LoadedCheckpoint,
     copy_kept_out_of_mapping,
     read_checkpoint,
-    stock_checkpoint_io,
     storages_of,
     wait_for_device_copies,
 )
-from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy, is_remote
+from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy
 from serialized_restore._turns import TurnSchedule
 
 STAGE_FETCH = "fetch checkpoint"
@@ -81,7 +80,7 @@ class _SerializedCheckpointConnectorMixin:
         try:
             restore.plan = plan = plan_restore(
                 self.trainer, "Trainer", self.trainer.serialized_checkpoint_loading, self._settings, checkpoint_path,
-                self._warned_strategies, self._log, fetch=lambda plan: self._fetch(restore, plan),
+                self._warned_strategies, self._log, fetch_remote=True,
             )  # fmt: skip
             if plan.strategy_path is StrategyPath.UPSTREAM:
                 release(restore.guarded)
@@ -94,6 +93,8 @@ class _SerializedCheckpointConnectorMixin:
                 self._rank_zero_info(upstream_reason(FULL, "", "restore"))
                 self._restore_modules(restore, plan)
                 return
+            if plan.fetch:
+                plan.read_from(self._fetch(restore, plan))
             schedule = plan.schedule(in_turns=True)
             with schedule.turn(STAGE_MODULES) as record:
                 self._restore_modules(restore, plan)
@@ -104,12 +105,9 @@ class _SerializedCheckpointConnectorMixin:
             self._abandon(restore)
             raise
 
-    def _fetch(self, restore: _Restore, plan: RestorePlan) -> Any:
-        """(all ranks) The path to read. Remote: local rank 0 of each node downloads it, then every rank checks it in a
-        second round, so that a refusal on any rank ends the restore on every rank."""
-        if not is_remote(plan.checkpoint_path) or not stock_checkpoint_io(self.trainer.strategy):
-            # a CheckpointIO of the user's own reads the URL itself, as upstream lets it (each rank in its turn)
-            return plan.checkpoint_path
+    def _fetch(self, restore: _Restore, plan: RestorePlan) -> str | None:
+        """(all ranks) The node-local copy of a remote checkpoint: local rank 0 of each node downloads it, then every
+        rank checks it in a second round, so that a refusal on any rank ends the restore on every rank."""
         schedule = plan.schedule()
         restore.local_copy = copy = NodeLocalCopy(plan.checkpoint_path, plan.settings.tmpdir, self._log)
         if self.trainer.local_rank == 0:

@@ -13,7 +13,7 @@ import torch
 
 from serialized_restore._compat import check_supported
 from serialized_restore._flavour import flavour_of, lightning_names
-from serialized_restore._fsdp import FULL, load_optimizer_states, load_weights, upstream_reason
+from serialized_restore._fsdp import FULL, restore_full_state, upstream_reason
 from serialized_restore._options import options_from
 from serialized_restore._plan import IN_TURNS, RestorePlan, StrategyPath, choose_strategy_path, plan_restore
 from serialized_restore._readers import (
@@ -143,9 +143,9 @@ class SerializedFabricMixin:
         schedule = plan.schedule()
         checkpoint = load_mmap(Path(plan.source), "cpu", False)
         mapped = storages_of(checkpoint)
-        load_weights(strategy, checkpoint.pop(module_key), module, strict=strict)
         states = [checkpoint.pop(key) for key in optimizers]
-        load_optimizer_states(strategy, module, list(optimizers.values()), states, schedule)
+        restore_full_state(strategy, module, checkpoint.pop(module_key), list(optimizers.values()), states, schedule,
+                           strict)  # fmt: skip
         del states
         requested = state.keys() - modules.keys() - optimizers.keys()
         names.validate_keys_for_strict_loading(requested, checkpoint.keys(), strict=strict)

@@ -52,28 +52,47 @@ def upstream_reason(kind: str | None, why: str, verb: str) -> str:
 def load_full_checkpoint(
     strategy: Any, path: Any, weights_only: bool | None, fitting: bool, schedule: TurnSchedule
 ) -> dict[str, Any]:
-    """(all ranks together) FSDP's ``load_checkpoint`` of a full checkpoint, mapped; the dict less its weights."""
-    model = strategy.model
+    """(all ranks together) The Trainer's FSDP restore of a full checkpoint, mapped; the dict less its weights (and,
+    when fitting, less nothing else: stage 2 finds the optimizer states restored already)."""
     checkpoint = load_mmap(path, "cpu", False if weights_only is None else weights_only)
+    states = checkpoint.get("optimizer_states") if fitting else None
     # popped, so that nothing but FSDP's load holds the weights' dict, and it goes as soon as the load is done
-    load_weights(strategy, checkpoint.pop("state_dict"), model, strict=strategy.lightning_module.strict_loading)
-    optimizer_states = checkpoint.get("optimizer_states")
-    if optimizer_states is None or not fitting:
-        return checkpoint
-    if len(strategy.optimizers) != len(optimizer_states):
+    weights = checkpoint.pop("state_dict")
+    optimizers = strategy.optimizers if states is not None else []
+    restore_full_state(strategy, strategy.model, weights, optimizers, states or [], schedule,
+                       strict=strategy.lightning_module.strict_loading)  # fmt: skip
+    return checkpoint
+
+
+def restore_full_state(
+    strategy: Any,
+    module: Any,
+    weights: dict[str, Any],
+    optimizers: list[Any],
+    states: list[dict[str, Any]],
+    schedule: TurnSchedule,
+    strict: bool,
+) -> int:
+    """(all ranks together) The one FSDP restore of a full checkpoint's mapped tensors, the Trainer's and Fabric's:
+    the weights into ``module``, each full optimizer state into its optimizer (each rank keeping its shard), then what
+    the optimizers keep of the mapping (each parameter's ``step``; with ``NO_SHARD``, everything) copied into private
+    memory, so that no training state stays backed by the file; the bytes copied."""
+    load_weights(strategy, weights, module, strict=strict)
+    del weights
+    if len(optimizers) != len(states):
         raise RuntimeError(
-            f"You have configured {len(strategy.optimizers)} optimizers but the checkpoint contains"
-            f" {len(optimizer_states)} optimizers to load. Please resume training with the same number"
+            f"You have configured {len(optimizers)} optimizers but the checkpoint contains"
+            f" {len(states)} optimizers to load. Please resume training with the same number"
             " of optimizers or edit the checkpoint manually to remove states."
         )
-    mapped = storages_of(optimizer_states)
-    load_optimizer_states(strategy, model, strategy.optimizers, optimizer_states, schedule)
-    # what the optimizers keep of the mapped state (each parameter's `step`; with NO_SHARD, everything) becomes
-    # private memory, as on Fabric's FSDP path: no training state stays backed by the file
-    copy_kept_out_of_mapping(strategy.optimizers, mapped)
+    if not optimizers:
+        return 0
+    mapped = storages_of(states)
+    load_optimizer_states(strategy, module, optimizers, states, schedule)
+    copied = copy_kept_out_of_mapping(optimizers, mapped)
     # the optimizers' state went to the GPU from the mapping: done before anything lets go of it
     wait_for_device_copies()
-    return checkpoint
+    return copied
 
 
 def load_weights(strategy: Any, state_dict: dict[str, Any], model: Any, strict: bool) -> None:

@@ -8,7 +8,7 @@ import logging
 import os
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch.distributed as dist
 
@@ -16,7 +16,8 @@ from serialized_restore._flavour import lightning_names
 from serialized_restore._fsdp import FULL, checkpoint_kind, upstream_reason
 from serialized_restore._options import SerializedLoading
 from serialized_restore._placement import RankPlacement
-from serialized_restore._readers import choose_reader
+from serialized_restore._readers import choose_reader, stock_checkpoint_io
+from serialized_restore._remote import is_remote
 from serialized_restore._stuck import end_stuck_ranks, launched_by_lightning
 from serialized_restore._turns import TurnSchedule
 
@@ -88,6 +89,7 @@ class RestorePlan:
     strategy: Any = None
     namespace: str = ""  # of this restore's keys in the job's store: the same on every rank, unique to this restore
     host_pid: int | None = None  # global rank 0's process id, sent with the namespace
+    fetch: bool = False  # TURNS: a URL to fetch once per node before it is read (read_from its local copy)
     _schedules: int = field(default=0, repr=False)
 
     def schedule(self, in_turns: bool = False) -> TurnSchedule:
@@ -106,6 +108,12 @@ class RestorePlan:
                 self.strategy, self.placement, ranks, lambda: self._first_process(schedule)
             ),
         )
+
+    def read_from(self, source: Any) -> None:
+        """(all ranks) Read ``source``, the checkpoint or its node-local copy, with the reader the settings and the
+        file allow."""
+        self.source = source
+        self.reader, self.reason = choose_reader(self.strategy, source, self.settings.reader)
 
     def _first_process(self, schedule: TurnSchedule) -> int | None:
         """The process id of local rank 0 of this rank's node: global rank 0's came with the namespace; another node's
@@ -136,11 +144,13 @@ def plan_restore(
     checkpoint_path: Any,
     warned: set[Any],
     log: logging.Logger,
-    fetch: Callable[[RestorePlan], Any] | None = None,
+    fetch_remote: bool = False,
     fsdp: bool = True,
 ) -> RestorePlan:
     """(all ranks) How ``owner`` (``owner_name``) restores ``checkpoint_path``: FSDP only with a full checkpoint (and
-    ``fsdp``); in turns, the file ``fetch`` returns, with the reader the settings and the file allow."""
+    ``fsdp``); in turns, with the reader the settings and the file allow. ``fetch_remote``: a URL the stock
+    ``CheckpointIO`` reads is to be fetched once per node first (``plan.fetch``); the caller fetches it and gives the
+    plan the local copy (:meth:`RestorePlan.read_from`)."""
     strategy = owner.strategy
     path = choose_strategy_path(strategy, owner_name, value, warned)
     placement = RankPlacement.of(owner)
@@ -178,7 +188,8 @@ def plan_restore(
             plan.strategy_path = StrategyPath.UPSTREAM
     if plan.strategy_path is not StrategyPath.TURNS:
         return plan
-    if fetch is not None:
-        plan.source = fetch(plan)
-    plan.reader, plan.reason = choose_reader(strategy, plan.source, settings.reader)
+    # a CheckpointIO of the user's own reads a URL itself, as upstream lets it (each rank in its turn)
+    plan.fetch = fetch_remote and is_remote(checkpoint_path) and stock_checkpoint_io(strategy)
+    if not plan.fetch:
+        plan.read_from(checkpoint_path)
     return plan
