@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="serialized-restore",
         description="Resume Lightning jobs from large checkpoints without running out of memory.",
     )
-    commands = parser.add_subparsers(dest="subcommand", required=True, metavar="{run,hook}")
+    commands = parser.add_subparsers(dest="subcommand", required=True, metavar="{run,hook,plan}")
     run = commands.add_parser(
         "run",
         help="run a command with the serialized restore switched on",
@@ -168,9 +168,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         " it out again.",
     )
     hook_parser.add_argument("action", choices=("install", "remove"))
+    from serialized_restore import _preflight  # only here: the bootstrap imports this module in every process
+
+    plan = commands.add_parser("plan", help=_preflight.HELP, description=_preflight.DESCRIPTION)
+    _preflight.add_arguments(plan, _positive_int)
     args = parser.parse_args(argv)
     if args.subcommand == "hook":
         return hook(args.action == "install")
+    if args.subcommand == "plan":
+        return _preflight.run(args)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         run.error("no command given")
