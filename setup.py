@@ -62,12 +62,13 @@ setup(
     # Supported: Lightning 2.4, 2.5 and 2.6 (serialized_restore/_compat.py's SUPPORTED, which Trainer(...) and
     # Fabric(...) check), both the `pytorch-lightning` and the unified `lightning` distribution. CI runs the suite on
     # 2.6.6 and a core subset on 2.4.0, 2.5.6 and Lightning's master (scripts/lightning_matrix.sh).
-    install_requires=[
-        "torch>=2.1",
-        f"pytorch-lightning{LIGHTNING}",
-    ],
+    # Lightning comes with an extra, so that users of one distribution do not get the other too: `[lightning]` for
+    # `import lightning`, `[pytorch-lightning]` for `import pytorch_lightning` / `lightning_fabric`; a module of the
+    # package whose Lightning is missing says which to install (serialized_restore/_flavour.py)
+    install_requires=["torch>=2.1", "packaging", "fsspec"],
     extras_require={
         "lightning": [f"lightning{LIGHTNING}"],
+        "pytorch-lightning": [f"pytorch-lightning{LIGHTNING}"],
         "test": [
             f"lightning{LIGHTNING}",
             "pytest",

@@ -21,10 +21,8 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from serialized_restore._flavour import Flavour, names_of_flavour
+from serialized_restore._flavour import SUPPORTED_RANGE, Flavour, names_of_flavour
 
-SUPPORTED_RANGE = ">=2.4,<2.7"
-"""The releases supported (as ``setup.py`` requires), each tested: 2.4.0, 2.5.6, 2.6.6 and Lightning's master."""
 SUPPORTED = SpecifierSet(SUPPORTED_RANGE)
 
 

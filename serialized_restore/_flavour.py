@@ -110,3 +110,21 @@ def names_of_flavour(flavour: Flavour) -> LightningNames:
 def lightning_names(obj: Any) -> LightningNames:
     """The Lightning names of ``obj``'s flavour (:func:`flavour_of`)."""
     return names_of_flavour(flavour_of(obj))
+
+
+def missing_lightning(err: ModuleNotFoundError, package: str, extra: str) -> ModuleNotFoundError:
+    """The error to raise when importing Lightning's ``package`` failed with ``err``: where the package itself is
+    missing, one that names the extra that installs it; anything else (a module it imports) as it is."""
+    if err.name != package:
+        return err
+    return ModuleNotFoundError(
+        f"`{package}` is not installed, and this module of serialized_restore extends it. Install it with"
+        f" `pip install 'serialized_restore[{extra}]'` (Lightning {SUPPORTED_RANGE}), or use the module for the"
+        " Lightning package you have: `serialized_restore.lightning` for `lightning`, `serialized_restore` and"
+        " `serialized_restore.fabric` for `pytorch_lightning` and `lightning_fabric`.",
+        name=package,
+    )
+
+
+SUPPORTED_RANGE = ">=2.4,<2.7"
+"""The releases supported (as ``setup.py`` requires), each tested: 2.4.0, 2.5.6, 2.6.6 and Lightning's master."""

@@ -4,7 +4,12 @@
 users of the unified package (``import lightning.fabric``) take ``from serialized_restore.lightning import Fabric``.
 """
 
-from lightning_fabric import Fabric as _Fabric
+from serialized_restore._flavour import missing_lightning
+
+try:
+    from lightning_fabric import Fabric as _Fabric
+except ModuleNotFoundError as err:
+    raise missing_lightning(err, "lightning_fabric", "pytorch-lightning") from None
 
 from serialized_restore._fabric import SerializedFabricMixin
 

@@ -1,7 +1,12 @@
 """``serialized_restore`` for users of the standalone package: ``import pytorch_lightning``."""
 
-from pytorch_lightning import Trainer as _Trainer
-from pytorch_lightning.trainer.connectors.checkpoint_connector import _CheckpointConnector
+from serialized_restore._flavour import missing_lightning
+
+try:
+    from pytorch_lightning import Trainer as _Trainer
+    from pytorch_lightning.trainer.connectors.checkpoint_connector import _CheckpointConnector
+except ModuleNotFoundError as err:
+    raise missing_lightning(err, "pytorch_lightning", "pytorch-lightning") from None
 
 from serialized_restore._connector import _SerializedCheckpointConnectorMixin
 from serialized_restore._trainer import SerializedRestoreTrainerMixin

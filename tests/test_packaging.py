@@ -58,6 +58,11 @@ def test_wheel_metadata_is_complete(dist: Path) -> None:
     classifiers = metadata.get_all("Classifier")
     assert classifiers and all(c in trove.classifiers for c in classifiers), classifiers
     assert "Framework :: Pytest" not in classifiers
+    # Lightning by extra: users of one distribution do not get the other too
+    requires = metadata.get_all("Requires-Dist")
+    assert not [r for r in requires if "lightning" in r and "extra ==" not in r], requires
+    assert any(r.startswith("lightning") and 'extra == "lightning"' in r for r in requires), requires
+    assert any(r.startswith("pytorch-lightning") and 'extra == "pytorch-lightning"' in r for r in requires), requires
     description = metadata.get_payload()
     # no image or link that only resolves inside the repository
     assert "](docs/" not in description and "![" not in description
@@ -75,6 +80,32 @@ def test_wheel_ships_the_launcher(dist: Path) -> None:
     assert "serialized_restore/_bootstrap/sitecustomize.py" in names
     assert "serialized-restore = serialized_restore._launch:main" in entry_points
     assert pth == (REPO / "serialized_restore" / "_bootstrap" / "serialized_restore.pth").read_text()
+
+
+@pytest.mark.parametrize(
+    ("module", "package", "extra"),
+    [
+        ("serialized_restore.lightning", "lightning", "lightning"),
+        ("serialized_restore", "pytorch_lightning", "pytorch-lightning"),
+        ("serialized_restore.fabric", "lightning_fabric", "pytorch-lightning"),
+    ],
+)
+def test_a_missing_lightning_package_is_named_with_its_extra(module: str, package: str, extra: str) -> None:
+    """Importing the package's module for a Lightning package that is not installed says which extra installs it."""
+    code = (  # the package hidden as a missing one is: its import raises ModuleNotFoundError naming it
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.partition('.')[0] == {package!r}:\n"
+        f"            raise ModuleNotFoundError('No module named ' + {package!r}, name={package!r})\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        f"import {module} as m\n"
+        "getattr(m, 'Trainer', None) or getattr(m, 'Fabric')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr
+    assert f"ModuleNotFoundError: `{package}` is not installed" in result.stderr, result.stderr
+    assert f"pip install 'serialized_restore[{extra}]'" in result.stderr, result.stderr
 
 
 def test_sdist_can_run_its_tests(dist: Path) -> None:
