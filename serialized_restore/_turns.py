@@ -91,6 +91,7 @@ class TurnSchedule:
         self._store = store if p.world_size > 1 else None
         self._prefix = f"serialized_restore/{namespace}/"
         self._unresponsive: StoreUnresponsive | None = None  # once a call found the store wedged: no call after it
+        self._pending: threading.Event | None = None  # set when a call this rank's thread left (Ctrl-C) ends
         self._on_stuck = on_stuck
 
     def read(self, key: str) -> str | None:
@@ -176,15 +177,16 @@ class TurnSchedule:
                 self._raise_verdict(keys, verdict, err)
             self._acknowledge(keys)
 
-    def _post(self, keys: _Stage, failure: RankFailure) -> str:
+    def _post(self, keys: _Stage, failure: RankFailure, store: dist.Store | None = None) -> str:
         """Decide the stage as failed unless it was decided already, wake every waiting rank of the job; the verdict.
-        A rank named as timed out, which may never read it, is counted as having read it."""
+        A rank named as timed out, which may never read it, is counted as having read it. ``store``: another client
+        of the job's store than this rank's own."""
         record = FAILED + "\n" + failure.to_json()
-        verdict = self._call("compare_set", keys.verdict, "", record)
-        self._call("set", keys.closed, verdict)
+        verdict = self._call("compare_set", keys.verdict, "", record, store=store)
+        self._call("set", keys.closed, verdict, store=store)
         if verdict != ENDED:
             wake = keys.every_wake()
-            self._call("multi_set", wake, [FAILED] * len(wake))
+            self._call("multi_set", wake, [FAILED] * len(wake), store=store)
         if verdict == record and failure.kind is FailureKind.TIMEOUT and failure.global_rank > 0:
             self._count_read(keys)
         return verdict
@@ -235,19 +237,22 @@ class TurnSchedule:
         except _Timeout:
             return None
 
-    def _call(self, method: str | Callable[[], Any], *args: object, bound: float | None = None) -> str:
-        """One operation on the job's store (a method's name and arguments, or a function of the store); its failure as
-        :class:`StoreLost` (or ``_Timeout``). An operation that waits for the store's answer gets at most ``bound``
-        seconds (default: the turn timeout), on a worker thread while this thread waits in ``join``, where Ctrl-C
-        raises at once; past that the store is unresponsive, and no later call touches it."""
+    def _call(
+        self, method: str | Callable[[], Any], *args: object, bound: float | None = None, store: Any = None
+    ) -> str:
+        """One operation on the job's store (a method's name and arguments, or a function of the store; on ``store``,
+        another client, if given); its failure as :class:`StoreLost` (or ``_Timeout``). An operation that waits for
+        the store's answer gets at most ``bound`` seconds (default: the turn timeout), on a worker thread while this
+        thread waits in ``join``, where Ctrl-C raises at once (:meth:`_interrupted`); past that the store is
+        unresponsive, and no later call touches it."""
         if self._unresponsive is not None:
             raise self._unresponsive
-        call = method if callable(method) else functools.partial(getattr(self._store, method), *args)
+        call = method if callable(method) else functools.partial(getattr(store or self._store, method), *args)
         try:
             if method in _UNANSWERED:  # sent without waiting for an answer: cannot block
                 value = call()
             else:
-                value = _bounded(call, self.turn_timeout if bound is None else bound)
+                value = _bounded(call, self.turn_timeout if bound is None else bound, self)
         except _NoAnswer as err:
             self._unresponsive = StoreUnresponsive(f"the store did not answer within {err.seconds:g}s")
             raise self._unresponsive from None
@@ -258,6 +263,19 @@ class TurnSchedule:
         except Exception as err:  # DistNetworkError, RuntimeError depending on the torch version
             raise StoreLost(str(err)) from err
         return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+    def _interrupted(self, keys: _Stage, err: BaseException) -> None:
+        """(a rank whose thread left a wait, on Ctrl-C) Post the interruption on a client of its own, since the call
+        left waiting holds this rank's client until it returns: that wakes every waiting rank of the job, the call
+        included, which then ends before the rank goes on (a call that returned while Python finalizes the process
+        would abort it)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        with contextlib.suppress(Exception):  # the rank is leaving: its successor times it out if this fails
+            clone = _bounded(self._store.clone, _ANSWER)  # type: ignore[union-attr]
+            self._post(keys, failure_from_exception(self.placement, keys.name, err, self.checkpoint_path), clone)
+        pending.wait(_ANSWER)
 
     @contextlib.contextmanager
     def _store_lost_raises(self, stage: str) -> Iterator[None]:
@@ -290,6 +308,9 @@ class _Turn:
                     schedule._wait_for_turn(self.keys, self.arrived)
         except CheckpointRestoreError as err:
             raise err.with_traceback(None) from err.__cause__
+        except BaseException as err:  # Ctrl-C while waiting
+            schedule._interrupted(self.keys, err)
+            raise
         record.waited, record.at_once = time.monotonic() - self.arrived, not self.ordered
         # a rank that waits for a turn says when it starts; one that starts at once has its end line only
         if self.logged and self.ordered and schedule.placement.local_rank >= self.keys.k:
@@ -318,6 +339,9 @@ class _Turn:
                     schedule._end_turn(self.keys, self.arrived)
         except CheckpointRestoreError as error:
             raise error.with_traceback(None) from error.__cause__
+        except BaseException as error:  # Ctrl-C while waiting
+            schedule._interrupted(self.keys, error)
+            raise
 
 
 class _Timeout(Exception):
@@ -336,20 +360,29 @@ _STUCK = (FailureKind.TIMEOUT, FailureKind.STORE_UNRESPONSIVE)
 _UNANSWERED = ("set", "multi_set")
 
 
-def _bounded(call: Callable[[], Any], seconds: float) -> Any:
+def _bounded(call: Callable[[], Any], seconds: float, owner: TurnSchedule | None = None) -> Any:
     """``call()`` on a daemon worker thread; its value or exception, or ``_NoAnswer`` once ``seconds`` have passed (the
-    call then goes on alone: torch's store client waits for an answer without a bound, even after its own timeout)."""
+    call then goes on alone: torch's store client waits for an answer without a bound, even after its own timeout).
+    Where this thread leaves the wait early (Ctrl-C), the call still running is ``owner``'s pending call. (An event,
+    not ``Thread.join``: a ``join`` that Ctrl-C interrupts marks the thread as ended while it runs on.)"""
     outcome: list[tuple[bool, Any]] = []
+    done = threading.Event()
 
     def run() -> None:
         try:
             outcome.append((True, call()))
         except BaseException as err:  # handed to the waiting thread
             outcome.append((False, err))
+        finally:
+            done.set()
 
-    worker = threading.Thread(target=run, name="serialized-restore-store", daemon=True)
-    worker.start()
-    worker.join(seconds)
+    threading.Thread(target=run, name="serialized-restore-store", daemon=True).start()
+    try:
+        done.wait(seconds)
+    except BaseException:
+        if owner is not None:
+            owner._pending = done
+        raise
     if not outcome:
         raise _NoAnswer(seconds)
     ok, value = outcome[0]
