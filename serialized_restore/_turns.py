@@ -195,14 +195,18 @@ class TurnSchedule:
         """Raise the error of a failed stage's ``verdict``, once this rank has acknowledged it."""
         if verdict == ENDED:
             return
-        with contextlib.suppress(StoreLost):
-            self._acknowledge(keys)
         failures = verdict_failures(keys.name, verdict)
+        me = self.placement.global_rank
+        # a rank named as timed out was counted as having read the verdict by the rank that named it
+        if not any(f.kind is FailureKind.TIMEOUT and f.global_rank == me for f in failures):
+            with contextlib.suppress(StoreLost):
+                self._acknowledge(keys)
         self._stuck(failures)
         raise restore_error(self.checkpoint_path, failures, self.placement.global_rank, own) from own
 
     def _stuck(self, failures: list[RankFailure]) -> None:
-        stuck = [f.global_rank for f in failures if f.kind in _STUCK and f.global_rank >= 0]
+        me = self.placement.global_rank
+        stuck = [f.global_rank for f in failures if f.kind in _STUCK and f.global_rank >= 0 and f.global_rank != me]
         if stuck and self._on_stuck is not None:
             self._on_stuck(self, stuck)
 

@@ -201,6 +201,10 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not all((out_dir / f"rank{r}.json").exists() for r in others):
             time.sleep(0.05)
+        if scenario.get("count_reads"):
+            # how many ranks said they read the first stage's verdict (its keys: see _turns._Stage)
+            reads = store.add(f"serialized_restore//{STAGES[0].replace(' ', '_')}/reads", 0)
+            (out_dir / "reads.txt").write_text(str(reads))
     os._exit(0)
 
 
@@ -366,6 +370,17 @@ def test_a_rank_that_stops_in_its_turn_is_named_at_the_turn_timeout(tmp_path, st
     scenario = {"actions": {str(stuck): action}, "silent": [stuck], "turn_timeout": 3.0}
     result = _run(tmp_path, 4, scenario, timeout=40)
     _assert_timed_out(result, 4, stuck, 3.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_rank_named_as_timed_out_is_counted_as_having_read_the_verdict_once(tmp_path):
+    """A rank whose turn outlasts the turn timeout (and then ends) is counted once among the ranks that read the
+    verdict, by the rank that named it: a second count would let rank 0, the store's host, stop waiting for the
+    readers before every one has read it."""
+    scenario = {"actions": {"1": "sleep:4"}, "turn_timeout": 2.0, "count_reads": True}
+    result = _run(tmp_path, 3, scenario, timeout=40)
+    _assert_every_rank_raised(result, 3, [1])
+    assert (tmp_path / "reads.txt").read_text() == "2"  # ranks 1 and 2; rank 0 hosts the store and waits
 
 
 @pytest.mark.timeout(60)
