@@ -175,7 +175,8 @@ class TurnSchedule:
             first = verdict_failures(keys.name, verdict)[0]
             if first.kind is FailureKind.TIMEOUT and first.global_rank == p.global_rank:
                 self._raise_verdict(keys, verdict, err)
-            self._acknowledge(keys)
+            if not (isinstance(err, KeyboardInterrupt) and p.global_rank == 0):  # Ctrl-C: the user wants out now
+                self._acknowledge(keys)
 
     def _post(self, keys: _Stage, failure: RankFailure, store: dist.Store | None = None) -> str:
         """Decide the stage as failed unless it was decided already, wake every waiting rank of the job; the verdict.
@@ -205,10 +206,16 @@ class TurnSchedule:
         raise restore_error(self.checkpoint_path, failures, self.placement.global_rank, own) from own
 
     def _stuck(self, failures: list[RankFailure]) -> None:
+        """Before raising ``failures``: have the ranks it names as stuck ended (``on_stuck``), then let a call still
+        waiting on the store (its host stopped, and maybe killed just now) return first, if it does within seconds."""
         me = self.placement.global_rank
         stuck = [f.global_rank for f in failures if f.kind in _STUCK and f.global_rank >= 0 and f.global_rank != me]
         if stuck and self._on_stuck is not None:
             self._on_stuck(self, stuck)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            # one that returned while Python finalizes the process would abort it
+            pending.wait(_ANSWER)
 
     def _acknowledge(self, keys: _Stage) -> None:
         """(a rank that knows the stage failed) Rank 0 hosts the store, and its exit ends it: it waits (at most
@@ -247,7 +254,7 @@ class TurnSchedule:
         """One operation on the job's store (a method's name and arguments, or a function of the store; on ``store``,
         another client, if given); its failure as :class:`StoreLost` (or ``_Timeout``). An operation that waits for
         the store's answer gets at most ``bound`` seconds (default: the turn timeout), on a worker thread while this
-        thread waits in ``join``, where Ctrl-C raises at once (:meth:`_interrupted`); past that the store is
+        thread waits for it, where Ctrl-C raises at once (:meth:`_interrupted`); past that the store is
         unresponsive, and no later call touches it."""
         if self._unresponsive is not None:
             raise self._unresponsive
@@ -259,6 +266,7 @@ class TurnSchedule:
                 value = _bounded(call, self.turn_timeout if bound is None else bound, self)
         except _NoAnswer as err:
             self._unresponsive = StoreUnresponsive(f"the store did not answer within {err.seconds:g}s")
+            self._pending = err.done
             raise self._unresponsive from None
         except dist.DistStoreError as err:
             if "timeout" in str(err).lower():
@@ -274,7 +282,7 @@ class TurnSchedule:
         included, which then ends before the rank goes on (a call that returned while Python finalizes the process
         would abort it)."""
         pending, self._pending = self._pending, None
-        if pending is None:
+        if pending is None or self._unresponsive is not None:
             return
         with contextlib.suppress(Exception):  # the rank is leaving: its successor times it out if this fails
             clone = _bounded(self._store.clone, _ANSWER)  # type: ignore[union-attr]
@@ -353,9 +361,9 @@ class _Timeout(Exception):
 
 
 class _NoAnswer(Exception):
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, done: threading.Event) -> None:
         super().__init__(seconds)
-        self.seconds = seconds
+        self.seconds, self.done = seconds, done
 
 
 # the failures that name a rank that did not end: stuck in its turn, or the store's host not answering
@@ -388,7 +396,7 @@ def _bounded(call: Callable[[], Any], seconds: float, owner: TurnSchedule | None
             owner._pending = done
         raise
     if not outcome:
-        raise _NoAnswer(seconds)
+        raise _NoAnswer(seconds, done)
     ok, value = outcome[0]
     if not ok:
         raise value

@@ -360,7 +360,9 @@ def test_a_rank_stopped_in_its_turn_ends_with_the_job(tmp_path: Path, trained_ch
         while session_processes(proc.pid) and time.time() < ended + 20:
             time.sleep(0.2)
         alive = session_processes(proc.pid)
-        assert not alive, (alive, (tmp_path / "output.txt").read_text()[-4000:])
+        output = (tmp_path / "output.txt").read_text()
+        assert not alive, (alive, output[-4000:])
+        assert "terminate called" not in output, output[-4000:]  # no rank aborted on its way out
         print(f"TIMING {launcher}, rank {stopped} stopped: other rank raised {outcome['ended_at'] - fault_at:.2f}s"
               f" after the fault, job gone {time.time() - fault_at:.2f}s after it")  # fmt: skip
     finally:
