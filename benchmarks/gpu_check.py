@@ -3,11 +3,11 @@
     bash benchmarks/gpu_check.sh --require-gpu --out DIR  # a GPU node (exits 2, saying why, without CUDA)
     python3 benchmarks/gpu_check.py --accelerator cpu     # the same jobs on CPU with gloo (the test suite runs this)
 
-Every job is a real Lightning job (``benchmarks/_job.py``, DDP through Lightning's own launcher) measured from
-outside (``benchmarks/_measure.py``: host anonymous memory of the job's process tree, the restore window from the
-ranks' markers, an exact comparison of what each rank restored with the checkpoint). In one run:
+Every job is a real Lightning job (``_job.py``, DDP through Lightning's own launcher) measured from outside
+(``_measure.py``: host anonymous memory of the job's process tree, the restore window from the ranks' markers, an
+exact comparison of what each rank restored with the checkpoint). In one run:
 
-1. **preflight** (5 s): a one-rank process group of the job's backend (NCCL on GPU, gloo on CPU) and a barrier, in a
+1. **preflight** (5 s): a one-rank process group of the jobs' backend (NCCL on GPU, gloo on CPU) and a barrier, in a
    process of its own. If it fails, the environment is at fault (driver, NCCL, sockets), not the project: the run
    stops with exit code 3 and says so.
 2. **checkpoint**: the benchmark MLP trained 3 Adam steps on one device and saved by ``trainer.save_checkpoint``
@@ -17,34 +17,30 @@ ranks' markers, an exact comparison of what each rank restored with the checkpoi
 4. **Fabric**, N = 1, ``fabric.load(path, {"model", "optimizer", "step"})``: the same.
 5. With N >= 2 devices (every visible GPU; 2 ranks on CPU): DDP ``fit`` with N ranks, ``ours-true``, whose turns
    must follow one another, and FSDP ``fit`` from a full checkpoint (on GPU saved by Lightning's ``FSDPStrategy``
-   itself on the N GPUs; on CPU by DDP, since torch's full-state FSDP save crashes on CPU), ``fsdp-upstream`` and
+   on the N GPUs; on CPU by DDP, since torch's full-state FSDP save crashes on CPU), ``fsdp-upstream`` and
    ``fsdp-ours``, both exact.
 
-Checks, each of which fails the run (exit code 1):
+Checks, each of which fails the run (exit code 1): every restore is exact (weights; for fit, optimizer state and
+step); memory (N = 1, S the checkpoint's size): ``ours-true`` and ``fabric-ours`` add at most 0.1 x S of host
+anonymous memory above their baseline (net of the optimizer state kept in host memory, which on GPU is none), and
+``upstream`` and ``fabric-upstream`` at least 0.5 x S (upstream holds the whole checkpoint in host memory: if the
+measurement misses that copy, it cannot see ours either; an upstream job whose peak was missed, a tenth of a second
+on a busy host, is measured again, up to 3 times); the log says the file was read memory-mapped (the memory-mapped
+modes), eagerly (the eager modes), and for FSDP that the full checkpoint was memory-mapped; with N ranks, each
+rank's turn of the first stage starts after its predecessor's has ended.
 
-* every restore is exact (weights; for fit, optimizer state and step) against the checkpoint;
-* memory (N = 1), S the checkpoint's size: ``ours-true`` and ``fabric-ours`` add at most 0.1 x S of host anonymous
-  memory above their baseline (net of the optimizer state the ranks keep in host memory for training, which on GPU is
-  none), and ``upstream`` and ``fabric-upstream`` add at least 0.5 x S (upstream holds the whole checkpoint in host
-  memory: if the measurement does not see that copy, it cannot see ours either; a job of upstream's whose peak was
-  missed, a tenth of a second on a busy host, is measured again, up to 3 times);
-* the log says the file was read memory-mapped (the memory-mapped modes), eagerly (the eager modes), and for FSDP that
-  the full checkpoint was memory-mapped;
-* with N ranks, each rank's turn of the first stage starts after its predecessor's has ended.
-
-Bounds: every job has its own timeout (``--job-timeout``, 120 s), and the whole run ``--budget`` seconds (450): a job
-is given at most what is left, and a job that would start with less than ``MIN_JOB_SECONDS`` left is recorded as not
-run. ``results.json`` and ``report.md`` in ``--out`` are rewritten after every job, so a run killed from outside
-still leaves the result of every job that finished; each job's log is ``runs/<job>/job.log``.
+Bounds: every job has its own timeout (``--job-timeout``, 120 s), the whole run ``--budget`` seconds (450): a job is
+given at most what is left, and a job that would start with less than ``MIN_JOB_SECONDS`` left is not run.
+``results.json`` and ``report.md`` in ``--out`` are rewritten after every job, so a run killed from outside still
+leaves the result of every job that finished; each job's log is ``runs/<job>/job.log``.
 
 Exit codes: 0 every check passed; 1 a check failed or a job failed, timed out or did not run; 2 ``--require-gpu``
 without a usable CUDA device (or without torch); 3 the preflight failed (environment).
 
 Runs with what a GPU image has: Python 3.10-3.12, torch, ``pytorch-lightning`` and ``lightning`` 2.6, psutil; no
 fairscale, no jsonargparse. Checked with torch 2.13.0 (CPU) and Lightning 2.6.6 on the CPU branch; the torch calls on
-its paths (``torch.load(mmap=True)``, ``torch.cuda.synchronize``, the FSDP ``FULL_STATE_DICT`` API, process groups
-on a ``HashStore``, ``barrier(device_ids=...)``) all exist in torch 2.11, which the GPU image has, and nothing it
-runs needs a newer one.
+its paths (``torch.load(mmap=True)``, ``torch.cuda.synchronize``, the FSDP ``FULL_STATE_DICT`` API, process groups on
+a ``HashStore``, ``barrier(device_ids=...)``) all exist in torch 2.11, which the GPU image has.
 """
 
 from __future__ import annotations
@@ -61,6 +57,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import _measure  # noqa: E402
+from benchmarks.modes import baseline_of  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PARAMS = 126_000_000
@@ -147,8 +146,6 @@ def cuda_problem() -> Optional[str]:
 def environment(accelerator: str) -> dict[str, Any]:
     import torch
 
-    from benchmarks import _measure
-
     info = _measure.machine_info()
     info["python_executable"] = sys.executable
     if accelerator == "gpu":
@@ -231,8 +228,6 @@ class Run:
             self.write()
 
     def _run_job(self, job: Job, timeout: float) -> None:
-        from benchmarks import _measure
-
         started = time.monotonic()
         try:
             if job.kind == "checkpoint":
@@ -346,16 +341,11 @@ def _log_check(log: str, stage: str, how: str, ranks: int) -> dict[str, Any]:
 def memory_check(job: Job, jobs: list[Job], size: int) -> dict[str, Any]:
     """``ours`` adds at most ``OURS_AT_MOST`` x S above its baseline; ``upstream`` at least ``UPSTREAM_AT_LEAST`` x S
     (its raw peak: it holds the whole checkpoint dict in host memory)."""
-    from benchmarks import _measure
-
     assert job.cell is not None
-    baseline_mode = _measure.baseline_of(job.mode)
-    baseline = next(
-        (j for j in jobs if j.mode == baseline_mode and j.entry == job.entry and j.devices == job.devices), None
-    )
-    if baseline is None or baseline.cell is None:
-        return _check("memory", False, f"no measured {baseline_mode} job to compare with")
-    overheads = _measure.overheads(job.cell, baseline.cell)
+    baseline = _baseline_cell(asdict(job), {j.name: asdict(j) for j in jobs})
+    if baseline is None:
+        return _check("memory", False, f"no measured {baseline_of(job.mode)} job to compare with")
+    overheads = _measure.overheads(job.cell, baseline)
     if "upstream" in job.mode:
         added = overheads["raw"]
         assert added is not None
@@ -410,8 +400,6 @@ def report(results: dict[str, Any]) -> str:
         if cell is not None and "baseline" not in job["mode"]:
             base = _baseline_cell(job, by_name)
             if base is not None and not job["mode"].startswith("fsdp-"):
-                from benchmarks import _measure
-
                 over = _measure.overheads(cell, base)
                 value = over["net"] if job["entry"] == "fit" and "upstream" not in job["mode"] else over["raw"]
                 if value is not None and size:
@@ -442,13 +430,10 @@ def report(results: dict[str, Any]) -> str:
 
 
 def _baseline_cell(job: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> Optional[dict[str, Any]]:
-    from benchmarks import _measure
+    """The measured cell of ``job``'s baseline (same entry point and N), if any."""
 
-    baseline_mode = _measure.baseline_of(job["mode"])
-    for other in by_name.values():
-        if other["mode"] == baseline_mode and other["entry"] == job["entry"] and other["devices"] == job["devices"]:
-            return other["cell"]
-    return None
+    same = (baseline_of(job["mode"]), job["entry"], job["devices"])
+    return next((j["cell"] for j in by_name.values() if (j["mode"], j["entry"], j["devices"]) == same), None)
 
 
 def _size(value: Optional[int]) -> str:

@@ -1,20 +1,28 @@
-"""A job's process tree: started in a session of its own, and killed as a whole.
+"""A job's process tree: started in a session of its own, waited for, and killed as a whole.
 
 Lightning's launcher (and ``torchrun``) start a job's other ranks as children of its first process, in the same
-session; killing that session's process group ends every rank, whatever state it is in."""
+session; killing that session's process group ends every rank, whatever state it is in. The tests, the demo and the
+benchmarks run their jobs through here."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Callable, NoReturn, Optional, Union
 
 REPO = Path(__file__).resolve().parents[1]
+RANK_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE")
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def job_env(extra: Optional[dict[str, str]] = None, base: Optional[dict[str, str]] = None) -> dict[str, str]:
@@ -23,6 +31,21 @@ def job_env(extra: Optional[dict[str, str]] = None, base: Optional[dict[str, str
     base = dict(os.environ if base is None else base)
     path = os.pathsep.join(filter(None, [str(REPO), base.get("PYTHONPATH", "")]))
     return {**base, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **(extra or {})}
+
+
+def free_port() -> int:
+    """A TCP port that is free now, for one job's ``MASTER_PORT``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fresh_job_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """``job_env`` for a job of its own on this host: a free ``MASTER_PORT`` on 127.0.0.1, and neither the rank
+    variables nor the ``SERIALIZED_RESTORE_*`` settings of a job this process may itself run in."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SERIALIZED_RESTORE_") and k not in RANK_VARIABLES}
+    own = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONWARNINGS": "ignore"}
+    return job_env({**own, **(extra or {})}, base=base)
 
 
 def start_job(
@@ -80,6 +103,90 @@ def kill_job(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+@contextlib.contextmanager
+def job_session(
+    script: Path,
+    config: dict[str, Any],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    log: Path,
+    preexec_fn: Optional[Callable[[], None]] = None,
+) -> Iterator[subprocess.Popen]:
+    """``start_job`` with its output in ``log``; on leaving, whatever happened, the job's whole session is killed
+    (``kill_job``): no rank is ever left behind."""
+    with open(log, "w") as out:
+        proc = start_job(script, config, cwd=cwd, env=env, stdout=out, preexec_fn=preexec_fn)
+        try:
+            yield proc
+        finally:
+            kill_job(proc)
+
+
+def _child_subreaper(on: bool) -> bool:
+    """Make this process adopt its orphaned descendants (Linux ``prctl``); whether that took effect."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def run_to_exit(
+    script: Path, config: dict[str, Any], *, cwd: Path, env: dict[str, str], log: Path, ranks: int, timeout: float
+) -> tuple[Optional[int], dict[int, tuple[float, Any]], float]:
+    """Run a job of ``ranks`` processes to the exit of its last one, as a child subreaper: the ranks its first
+    process launched become this process's children when it exits, so each one's exit is seen when it happens and its
+    resource usage (``wait4``: CPU time to the very end, the interpreter's shutdown included) is read when it is
+    reaped. The ranks are looked for every 0.5 s until all are known; exits are polled every 5 ms. Returns the first
+    process's exit status (None: not every process exited within ``timeout``); for every process seen to exit,
+    ``pid -> (seconds from the start to its exit, its rusage or None where it was not reaped here)``; and the start
+    (``time.time()``)."""
+    import psutil
+
+    adopted = _child_subreaper(True)
+    gone: dict[int, tuple[float, Any]] = {}
+    known: set[int] = set()
+    returncode: Optional[int] = None
+    wall_started, started = time.time(), time.monotonic()
+    try:
+        with job_session(script, config, cwd=cwd, env=env, log=log) as proc:
+            scanned = started - 0.5
+            while time.monotonic() < started + timeout and not (proc.pid in gone and known <= gone.keys()):
+                if proc.pid not in gone and len(known) < ranks - 1 and time.monotonic() - scanned >= 0.5:
+                    scanned = time.monotonic()
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        known.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
+                for pid in [pid for pid in [proc.pid, *known] if pid not in gone]:
+                    try:
+                        reaped, status, rusage = os.wait4(pid, os.WNOHANG)
+                    except ChildProcessError:  # rank 0's child while it lives; reaped elsewhere; no subreaper
+                        if proc.pid in gone and not _alive(pid):
+                            gone[pid] = (time.monotonic() - started, None)
+                        continue
+                    if reaped:
+                        gone[pid] = (time.monotonic() - started, rusage)
+                        if pid == proc.pid:
+                            returncode = proc.returncode = os.waitstatus_to_exitcode(status)
+                time.sleep(0.005)
+    finally:
+        if adopted:
+            _child_subreaper(False)
+            for pid in known - gone.keys():  # killed stragglers, adopted: leave no zombie behind
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+    return (returncode if known <= gone.keys() else None), gone, wall_started
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has exited)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def session_processes(session: int) -> list[int]:
