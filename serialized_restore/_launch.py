@@ -27,13 +27,16 @@ _OURS = {
     "pytorch_lightning": "serialized_restore.pytorch_lightning",
     "lightning_fabric": "serialized_restore.fabric",
 }
+# (the modules that define the classes too: a program may import them from there)
 _REPLACED: dict[str, dict[str, tuple[str, ...]]] = {
     "serialized_restore.lightning": {
-        "Trainer": ("lightning", "lightning.pytorch", "lightning.pytorch.trainer"),
-        "Fabric": ("lightning", "lightning.fabric"),
+        "Trainer": ("lightning", "lightning.pytorch", "lightning.pytorch.trainer", "lightning.pytorch.trainer.trainer"),
+        "Fabric": ("lightning", "lightning.fabric", "lightning.fabric.fabric"),
     },
-    "serialized_restore.pytorch_lightning": {"Trainer": ("pytorch_lightning", "pytorch_lightning.trainer")},
-    "serialized_restore.fabric": {"Fabric": ("lightning_fabric",)},
+    "serialized_restore.pytorch_lightning": {
+        "Trainer": ("pytorch_lightning", "pytorch_lightning.trainer", "pytorch_lightning.trainer.trainer")
+    },
+    "serialized_restore.fabric": {"Fabric": ("lightning_fabric", "lightning_fabric.fabric")},
 }
 _announced = False
 
@@ -50,9 +53,10 @@ def parse(raw: str) -> bool | int:
     )
 
 
-def switch_on(imported: str, raw: str, launched: bool) -> None:
+def switch_on(imported: str, raw: str, launched: bool, announce: bool = True) -> None:
     """(each process) After a Lightning package ran, import our module for it; after that module ran, give its classes
-    the package's names, defaulting to the value ``SERIALIZED_RESTORE=raw`` stands for."""
+    the package's names, defaulting to the value ``SERIALIZED_RESTORE=raw`` stands for; the first built says so at
+    INFO (rank 0) unless not ``announce``."""
     value = parse(raw)
     if value is False:
         return
@@ -63,12 +67,12 @@ def switch_on(imported: str, raw: str, launched: bool) -> None:
     by = f"by `serialized-restore run` ({VARIABLE}={raw})" if launched else f"by {VARIABLE}={raw}"
     for name, modules in _REPLACED[imported].items():
         cls = getattr(sys.modules[imported], name)
-        _default_to(cls, value, by, fabric=name == "Fabric")
+        _default_to(cls, value, by, fabric=name == "Fabric", announce=announce)
         for module in modules:
             setattr(sys.modules[module], name, cls)
 
 
-def _default_to(cls: type, value: object, by: str, fabric: bool) -> None:
+def _default_to(cls: type, value: object, by: str, fabric: bool, announce: bool) -> None:
     """Make ``value`` the default of ``cls(serialized_checkpoint_loading=...)``, in its signature too (LightningCLI)."""
     init: Callable[..., None] = cls.__init__  # type: ignore[misc]  # the class's own, as built by its module
     signature = inspect.signature(init)
@@ -78,7 +82,7 @@ def _default_to(cls: type, value: object, by: str, fabric: bool) -> None:
         global _announced
         given = kwargs.setdefault(_PARAMETER, value)
         init(self, *args, **kwargs)
-        if _announced:
+        if _announced or not announce:
             return
         _announced = True
         owner = type(self).__name__

@@ -65,7 +65,12 @@ def choose_strategy_path(strategy: Any, owner: str, value: object, warned: set[A
     if type(strategy) not in warned:
         warned.add(type(strategy))
         collectives = "its restore may run collectives, which cannot run while ranks take turns"
-        why = f"it overrides {', '.join(overridden)}" if overridden else collectives
+        on_instance = [m for m in overridden if m in patched]
+        why = (
+            f"its {', '.join(on_instance)} is set on the instance" if on_instance
+            else f"it overrides {', '.join(overridden)}" if overridden
+            else collectives
+        )  # fmt: skip
         done = "loaded" if fabric else "restored"
         (names.fabric_rank_zero_warn if fabric else names.rank_zero_warn)(
             f"`{owner}(serialized_checkpoint_loading={value!r})` has no effect with {type(strategy).__name__}:"

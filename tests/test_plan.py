@@ -79,3 +79,20 @@ def test_a_trainer_strategy_that_restores_after_setup_restores_as_upstream() -> 
         "`Trainer(serialized_checkpoint_loading=2)` has no effect with ModelParallelStrategy",
     ]
     assert all("its restore may run collectives, which cannot run while ranks take turns" in m for m in messages)
+
+
+@pytest.mark.parametrize(("owner", "package", "method"), OWNERS)
+def test_a_restore_method_set_on_the_instance_restores_as_upstream_and_says_so(
+    owner: str, package: str, method: str
+) -> None:
+    """A restore method set on the strategy instance (a framework's patch, a test's ``Mock``) restores as upstream,
+    with that method, and the warning says it is set on the instance (the class overrides nothing)."""
+    strategies = importlib.import_module(package)
+    strategy = strategies.DDPStrategy()
+    setattr(strategy, method, lambda *args, **kwargs: None)
+    paths, messages = _paths(owner, [strategy])
+    assert paths == [StrategyPath.UPSTREAM]
+    assert messages == [
+        f"`{owner}(serialized_checkpoint_loading=2)` has no effect with DDPStrategy: its {method} is set on the"
+        f" instance. The checkpoint is {'loaded' if owner == 'Fabric' else 'restored'} as upstream Lightning does."
+    ]

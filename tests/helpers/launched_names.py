@@ -26,11 +26,15 @@ names = [
     (lightning.Trainer, unified.Trainer),
     (lightning.pytorch.Trainer, unified.Trainer),
     (lightning.pytorch.trainer.Trainer, unified.Trainer),
+    (lightning.pytorch.trainer.trainer.Trainer, unified.Trainer),
     (pytorch_lightning.Trainer, standalone.Trainer),
     (pytorch_lightning.trainer.Trainer, standalone.Trainer),
+    (pytorch_lightning.trainer.trainer.Trainer, standalone.Trainer),
     (lightning.Fabric, unified.Fabric),
     (lightning.fabric.Fabric, unified.Fabric),
+    (lightning.fabric.fabric.Fabric, unified.Fabric),
     (lightning_fabric.Fabric, standalone_fabric.Fabric),
+    (lightning_fabric.fabric.Fabric, standalone_fabric.Fabric),
 ]
 print("replaced:", all(got is ours for got, ours in names), "upstream:", not any(got is ours for got, ours in names))
 if lightning.Trainer is not unified.Trainer:
