@@ -14,7 +14,7 @@ STYLE = {  # mode: (color, marker, line)
     "mmap-plugin": ("tab:brown", "P", "-."),
     "ours-off": ("tab:orange", "x", ":"),
     "ours-true": ("tab:green", "s", "-"),
-    "ours-all": ("tab:blue", "d", "-"),
+    "ours-1": ("tab:blue", "d", "-"),
     "ours-2": ("tab:olive", "^", "-"),
     "ours-true-eager": ("tab:cyan", "v", "--"),
     "proposal-2021": ("tab:purple", "D", "--"),

@@ -66,7 +66,7 @@ WHOLE_MODES = ("upstream", "ours-true")
 WHOLE_PLAN = ((1, 2, 4), (4,))
 WHOLE_REPEATS = {"whole": 5, "quick": 1, "full": 0}
 READ_CHUNK = 8 * 2**20  # the floor's read: one reused buffer of this size
-QUICK = {"params": (8_000_000,), "devices": (1, 2), "modes": ("upstream", "ours-true", "ours-all")}  # S ~ 92 MiB
+QUICK = {"params": (8_000_000,), "devices": (1, 2), "modes": ("upstream", "ours-true", "ours-1")}  # S ~ 92 MiB
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -77,7 +77,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    add("--quick", action="store_true", help="smoke run: 8M parameters, N = 1, 2, upstream, ours-true, ours-all")
+    add("--quick", action="store_true", help="smoke run: 8M parameters, N = 1, 2, upstream, ours-true, ours-1")
     add("--params", type=_ints, help=f"checkpoint sizes in parameters (default {','.join(map(str, SIZES))})")
     add("--devices", type=_ints, help="local ranks N (default: where modes.py places each mode; else 1,2,4)")
     add("--modes", type=_names, help=f"modes (default {','.join(DEFAULT)}; any of {','.join(MEASURED)})")

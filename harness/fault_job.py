@@ -193,7 +193,7 @@ def run_trainer(config: dict[str, Any], events: Events) -> None:
     elif config["entry"] == "fit":
         extra["max_steps"] = int(config["saved_step"]) + int(config.get("extra_steps", 2))
     if impl == "ours":
-        extra["serialized_checkpoint_loading"] = True
+        extra["serialized_checkpoint_loading"] = config.get("k", True)
     kwargs = quiet_cpu_trainer_kwargs(config["out"], int(config["devices"]), "ddp", callbacks=callbacks, **extra)
     trainer = trainer_class(impl)(**kwargs)
     model = FaultModel(config, events)
@@ -241,7 +241,7 @@ def run_fabric(config: dict[str, Any], events: Events) -> None:
     impl, role = config["impl"], config["role"]
     kwargs: dict[str, Any] = {"accelerator": "cpu", "devices": int(config["devices"]), "strategy": "ddp"}
     if impl == "ours":
-        kwargs["serialized_checkpoint_loading"] = True
+        kwargs["serialized_checkpoint_loading"] = config.get("k", True)
     fabric = fabric_class(impl)(**kwargs)
     fabric.launch()
     rank = fabric.global_rank

@@ -5,19 +5,20 @@
 Each run draws a launcher (Lightning's own, ``python harness/fault_job.py CONFIG``, whose rank 0 starts the others;
 or ``torchrun --standalone --nproc-per-node R``), an entry (``trainer.fit`` / ``trainer.validate`` with
 ``ckpt_path``, or ``fabric.load(path, state)``; ``serialized_restore.lightning``'s classes,
-``serialized_checkpoint_loading=True``), R in {2, 3} and a fault (none in 2 runs of 11); the job's in-turn hook
+``serialized_checkpoint_loading=True``, or ``1`` in a third of the runs), R in {2, 3} and a fault (none in 2 runs of
+11); the job's in-turn hook
 sleeps 1 s. One upstream job per API (2 ranks, Lightning's launcher) writes the checkpoint; upstream's classes
 resuming it with the same launcher, entry, R and settings give a fault-free run's expected end state.
 
 Faults (r: the target rank; u: a drawn fraction): ``raise`` / ``exit``: the hook in rank r's turn
 (``on_load_checkpoint``; Fabric: a stateful object's ``load_state_dict``) raises ``RuntimeError`` / ``SystemExit``;
-``sigint`` / ``sigkill``: that signal to rank r u x (R - 1/4) s after the first rank entered its turn (r waiting for
-its turn, in it, or past it); ``sigstop``: to rank r u x 0.5 s into its hook, inside its turn; ``ctrl-c``: SIGINT to
-the job's process group at a moment drawn as for ``sigint`` (as a terminal's Ctrl-C: under torchrun, the agent,
-whose workers run in sessions of their own); ``truncated`` / ``garbage`` / ``missing``: ``ckpt_path`` is the
-checkpoint cut to 10-90 %, seeded random bytes (first byte neither zip's ``P`` nor pickle's ``0x80``), or a path
-that does not exist. A signal that finds its target past the restore fails check 0 (``missed``: the campaign's
-problem, unless the restore ended early because the ranks did not take turns).
+``sigint`` / ``sigkill``: that signal to rank r u x (R - 1/4) s (True: u x 3/4 s) after the first rank entered its
+turn (r waiting for its turn, in it, or past it); ``sigstop``: to rank r u x 0.5 s into its hook, inside its turn;
+``ctrl-c``: SIGINT to the job's process group at a moment drawn as for ``sigint`` (as a terminal's Ctrl-C: under
+torchrun, the agent, whose workers run in sessions of their own); ``truncated`` / ``garbage`` / ``missing``:
+``ckpt_path`` is the checkpoint cut to 10-90 %, seeded random bytes (first byte neither zip's ``P`` nor pickle's
+``0x80``), or a path that does not exist. A signal that finds its target past the restore fails check 0 (``missed``:
+the campaign's problem, unless the restore ended early because the ranks did not take turns).
 
 Checks, by number: 1 ``bound``: the main process ends within turn timeout + 60 s, else the job is killed (turn
 timeout 6 s for sigint, sigkill, sigstop; 60 s otherwise); ``prompt``: where docs/failures.md says the others learn
@@ -27,7 +28,7 @@ process aborted (``terminate called``, or SIGABRT / SIGSEGV as an exit status of
 launcher's report): a signal or an error must end a rank as Python does, not crash it. 3 ``state``
 (fault-free): every rank's state after the restore and after 2 more steps (weights, optimizer and scheduler states,
 step, epoch, fit loop, a callback's state, metrics; Fabric: a stateful counter, the returned remainder) equals
-upstream's bit for bit; ``turns``: no two ranks were in their in-turn hooks at once (k = 1). 4 ``files``: the
+upstream's bit for bit; ``turns``: with ``1``, no two ranks were in their in-turn hooks at once. 4 ``files``: the
 checkpoint's folder and a bad-file run's folder keep their names, sizes, mtimes and SHA-256s. 5 ``leftovers``: no
 process of the job is alive (SIGSTOPped ones count, zombies do not) 20 s after the main process ended; the rest is
 then killed. The job's processes are those of the main process's session and of every session a descendant of it
@@ -72,6 +73,7 @@ LATE = ("after the restore", "done")
 TIMEOUT_PHRASE = "did not end its turn within the turn timeout"
 STORE_LOST = "lost contact with the process group's store"
 STORE_STOPPED = "stopped answering"  # kind 'store unresponsive': the store's host is stopped
+TORCH_TRUNCATED = "failed finding central directory"  # torch's own error for a zip file without its end
 BAD_TEXT = {"truncated": ("truncated",), "garbage": ("not a PyTorch checkpoint",),
             "missing": ("does not exist", "Checkpoint file not found", "No such file or directory")}  # fmt: skip
 Events = list[dict[str, Any]]
@@ -88,6 +90,7 @@ class Spec:
     fault: str
     target: int  # the rank the fault is aimed at (bad files: 0, the node's first reader)
     u: float  # when a signal falls in its window; how much of a truncated file is kept
+    k: Any = True  # serialized_checkpoint_loading: True (the mapped stage with the ranks at once) or 1 (turns)
 
     @property
     def api(self) -> str:
@@ -103,7 +106,8 @@ def draw(seed: int, runs: int, faults: Optional[list[str]]) -> list[Spec]:
         fault, launcher = deck.pop(), rng.choice(["lightning", "torchrun"])
         entry, devices = rng.choice(["fit", "validate", "load"]), rng.choice([2, 3])
         target = 0 if fault in BAD_FILE else rng.randrange(devices)
-        specs.append(Spec(f"s{seed}-{i:03d}", launcher, entry, devices, fault, target, rng.random()))
+        k = 1 if rng.random() < 1 / 3 else True
+        specs.append(Spec(f"s{seed}-{i:03d}", launcher, entry, devices, fault, target, rng.random(), k))
     return specs
 
 
@@ -230,7 +234,8 @@ def signal_trigger(spec: Spec) -> Callable[[Events, Outcome, Watch], None]:
         aimed = spec.fault == "sigstop"
         turns = [e["t"] for e in events if e["event"] == "turn" and (not aimed or e["rank"] == spec.target)]
         pid = next((e["pid"] for e in events if e["rank"] == spec.target), None)
-        span = (0.5 if aimed else spec.devices - 0.25) * HOOK_SLEEP
+        # the restore's hooks: one after another with k = 1, all at once with True (the file is memory-mapped)
+        span = (0.5 if aimed else (spec.devices if spec.k is not True else 1) - 0.25) * HOOK_SLEEP
         if outcome.fault_at is not None or not turns or pid is None or time.time() < min(turns) + spec.u * span:
             return
         phases = {r: phase(events, r) for r in range(spec.devices)}
@@ -298,6 +303,12 @@ def launcher_names(output: str, launcher: str, rank: int, pid: Optional[int], co
     return re.search(rf"rank\s*:\s*{rank} \(local_rank: {rank}\)\s*\n\s*exitcode\s*:\s*{code}\b", output) is not None
 
 
+def torch_truncated(out: str, devices: int) -> bool:
+    """With ``True`` a truncated zip file is memory-mapped by every rank at once, and each raises torch's own error,
+    as upstream's ranks do: every rank's traceback ends with it."""
+    return out.count(TORCH_TRUNCATED) >= devices
+
+
 def expected_cause(spec: Spec, outcome: Outcome, text: str) -> Optional[str]:
     """None if the output names the cause as the fault kind must, else what is missing:
 
@@ -305,7 +316,8 @@ def expected_cause(spec: Spec, outcome: Outcome, text: str) -> Optional[str]:
       error names rank r with that text (exit: with ``SystemExit``);
     * bad file: a line of the project's error names rank 0 (the node's local rank 0 reads first) with the problem:
       ``truncated``; ``not a PyTorch checkpoint``; ``does not exist`` or upstream's ``Checkpoint file not found`` /
-      ``No such file or directory`` (docs/failures.md promises the first in its table, the second in its text);
+      ``No such file or directory`` (docs/failures.md promises the first in its table, the second in its text); a
+      truncated zip file with ``k=True``: every rank maps it at once and prints torch's own error (``torch_truncated``);
     * sigstop: a line of the project's error names rank r with ``did not end its turn within the turn timeout``
       or, for rank 0 under Lightning's launcher (the store's host), ``stopped answering`` (no launcher sees a
       stopped process);
@@ -323,6 +335,8 @@ def expected_cause(spec: Spec, outcome: Outcome, text: str) -> Optional[str]:
         kind = text if fault == "raise" else "SystemExit"
         return None if names_rank(out, r, (kind,)) else f"no error line names rank {r} with {kind!r}"
     if fault in BAD_FILE:
+        if fault == "truncated" and spec.k is True and torch_truncated(out, spec.devices):
+            return None
         return None if names_rank(out, 0, BAD_TEXT[fault]) else f"no error line names rank 0 with {BAD_TEXT[fault]}"
     if fault == "sigstop":
         kinds = (TIMEOUT_PHRASE,) + ((STORE_STOPPED,) if r == 0 and spec.launcher == "lightning" else ())
@@ -376,7 +390,7 @@ class Campaign:
         fault = {"kind": spec.fault, "rank": spec.target, "text": text} if spec.fault in ("raise", "exit") else None
         return {"api": spec.api, "impl": impl, "role": "resume", "entry": spec.entry, "devices": spec.devices,
                 "out": str(out), "ckpt_path": ckpt_path, "saved_step": self.checkpoints[spec.api]["global_step"],
-                "hook_sleep": HOOK_SLEEP, "extra_steps": 2, "fault": fault}  # fmt: skip
+                "hook_sleep": HOOK_SLEEP, "extra_steps": 2, "fault": fault, "k": spec.k}  # fmt: skip
 
     def reference(self, spec: Spec) -> Any:
         """Upstream's classes resuming the same checkpoint with the same launcher, entry and R: their states."""
@@ -442,7 +456,7 @@ class Campaign:
             failures.append(f"0 environment: the job could not start ({broken.group(0)[:200]}); checks 2, 3, 6 skipped")
         else:
             failures += self.behaviour(spec, outcome, text, turn_timeout)
-        overlap = overlapping_turns(events)
+        overlap = overlapping_turns(events) if spec.k is not True else None  # True: the mapped stage runs at once
         if overlap:
             failures.append(f"3 turns: ranks {overlap[0]} and {overlap[1]} were inside their turns' hooks at once")
         for folder, listed in before.items():
@@ -497,7 +511,8 @@ class Campaign:
 def describe(record: dict[str, Any]) -> str:
     fault = record["fault"] + (f"@r{record['target']}" if record["fault"] in ("raise", "exit", *SIGNALS) else "")
     fault = fault.replace("ctrl-c@r" + str(record["target"]), "ctrl-c")
-    line = (f"{record['id']}  {record['launcher']:9} {record['entry']:8} R={record['devices']}  {fault:12} "
+    k = "k=True" if record.get("k") is True else f"k={record.get('k')}"
+    line = (f"{record['id']}  {record['launcher']:9} {record['entry']:8} R={record['devices']} {k}  {fault:12} "
             f"{record['verdict']:4} {record['seconds']:5.1f}s  rc={record['returncode']}")  # fmt: skip
     line += f"  [{record['fault_note']}]" if record["fault_note"] else ""
     return line + "".join(f"\n      {f[:500]}" for f in record["failures"])

@@ -96,7 +96,8 @@ class _SerializedCheckpointConnectorMixin:
             if plan.fetch:
                 plan.read_from(self._fetch(restore, plan))
             schedule = plan.schedule(in_turns=True)
-            with schedule.turn(STAGE_MODULES) as record:
+            ordered = plan.in_turns(STAGE_MODULES, plan.reader != "mmap", plan.reads_why())
+            with schedule.turn(STAGE_MODULES, ordered=ordered, logged=True) as record:
                 self._restore_modules(restore, plan)
                 if restore.loaded is not None:
                     record.bytes_read, record.reader = restore.loaded.bytes_read, restore.loaded.reader
@@ -180,10 +181,10 @@ class _SerializedCheckpointConnectorMixin:
             return
         restore.schedule = None
         try:
-            in_turns = restore.fitting and (
-                restore.optimizer_source is OptimizerSource.READ_AGAIN
-                or not load_in_place(self.trainer.optimizers)
-                or converts_on_load(self.trainer.optimizers, self._loaded_checkpoint.get("optimizer_states"))
+            in_turns = (
+                restore.fitting
+                and restore.plan is not None
+                and restore.plan.in_turns(STAGE_TRAINING_STATE, *self._stage_2_bounds_memory(restore))
             )
             with schedule.turn(STAGE_TRAINING_STATE, ordered=in_turns, logged=restore.fitting) as record:
                 mapped = self._prepare_optimizer_states(restore, record)
@@ -200,6 +201,17 @@ class _SerializedCheckpointConnectorMixin:
             raise
         # every rank of the job has ended the stage: nobody reads the local copy any more
         self._remove_local_copy(restore)
+
+    def _stage_2_bounds_memory(self, restore: _Restore) -> tuple[bool, str]:
+        """(fit) Whether loading the optimizer state allocates memory it frees again, so that turns bound it; why."""
+        optimizers = self.trainer.optimizers
+        if restore.optimizer_source is OptimizerSource.READ_AGAIN:
+            return True, "the optimizer state is read again from the file"
+        if not load_in_place(optimizers):
+            return True, "an optimizer's load_state_dict is not torch's own and may copy what it is given"
+        if converts_on_load(optimizers, self._loaded_checkpoint.get("optimizer_states")):
+            return True, "loading converts saved optimizer state to its parameters' dtype, through a copy"
+        return False, "the optimizers keep the state they are given; a rank copies out of the mapping what it keeps"
 
     def _prepare_optimizer_states(self, restore: _Restore, record: TurnRecord) -> set[int]:
         """Give the cached dict its optimizer state (read again where stage 1 dropped it); the mapped storages to copy

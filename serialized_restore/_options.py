@@ -25,8 +25,10 @@ class SerializedLoading:
     of range raises ``ValueError`` naming it.
     """
 
-    max_concurrent: int = 1
-    """The most local ranks of a node that restore at once."""
+    max_concurrent: int | None = None
+    """The most local ranks of a node that restore at once. ``None`` (``True``): decided per stage from what bounds
+    memory: a memory-mapped read, which allocates only what a rank keeps, with the node's ranks at once; anything that
+    reads the file into memory or copies what it is given, one rank at a time."""
     reader: Literal["auto", "mmap", "eager"] = "auto"
     """How a rank reads the file: ``"auto"`` (memory-mapped where the file allows it, else as upstream reads it),
     ``"mmap"`` (the same, logging why when it cannot), ``"eager"`` (always as upstream reads it)."""
@@ -39,7 +41,7 @@ class SerializedLoading:
     """The directory for the per-node copy of a remote checkpoint; ``None``: the system's temporary directory."""
 
     def __post_init__(self) -> None:
-        if _positive_int(self.max_concurrent) is None:
+        if self.max_concurrent is not None and _positive_int(self.max_concurrent) is None:
             raise ValueError(f"`SerializedLoading(max_concurrent={self.max_concurrent!r})`: expected a positive int.")
         if self.reader not in READERS:
             raise ValueError(f"`SerializedLoading(reader={self.reader!r})`: expected one of {', '.join(READERS)}.")

@@ -98,13 +98,15 @@ class RestorePlan:
     _schedules: int = field(default=0, repr=False)
 
     def schedule(self, in_turns: bool = False) -> TurnSchedule:
-        """(all ranks, in the same order) A schedule over the job's default store: ``in_turns``, with the settings'
-        ``k``; else every local rank at once. Each gets keys of its own under the restore's namespace."""
+        """(all ranks, in the same order) A schedule over the job's default store whose turns (``ordered``) take ``k``
+        ranks of a node at a time: ``in_turns``, the settings' ``k`` (1 where it is decided per stage); else every
+        local rank. Each gets keys of its own under the restore's namespace."""
         self._schedules += 1
+        k = (self.settings.max_concurrent or 1) if in_turns else self.placement.local_world_size
         return TurnSchedule(
             store=default_store(self.placement),
             placement=self.placement,
-            max_concurrent=int(self.settings.max_concurrent) if in_turns else self.placement.local_world_size,
+            max_concurrent=k,
             checkpoint_path=str(self.checkpoint_path),
             turn_timeout=float(self.settings.turn_timeout),
             namespace=f"{self.namespace}/{self._schedules}",
@@ -113,6 +115,29 @@ class RestorePlan:
                 self.strategy, self.placement, ranks, lambda: self._first_process(schedule)
             ),
         )
+
+    def in_turns(self, stage: str, bounds_memory: bool, why: str) -> bool:
+        """(all ranks) Whether ``stage`` runs in turns: with ``k`` given, always; decided per stage (``True``), where
+        a turn bounds memory (``bounds_memory``: the stage reads the file into memory, or copies what it is given).
+        Rank 0 of a job with several local ranks says which, and ``why``, at INFO."""
+        k = self.settings.max_concurrent
+        ordered = k is not None or bounds_memory
+        lws = self.placement.local_world_size
+        if lws > 1 and self.placement.global_rank == 0:
+            if k is not None:
+                how = f"in turns, {min(k, lws)} of the node's {lws} ranks at a time (k = {k})"
+            elif ordered:
+                how = f"in turns, one of the node's {lws} ranks at a time: {why}"
+            else:
+                how = f"with the node's {lws} ranks at once: {why} (an explicit k takes turns anyway)"
+            self.log.info(f"serialized restore: {stage!r} {how}")
+        return ordered
+
+    def reads_why(self) -> str:
+        """Why stage 1 does or does not bound memory with turns: how it reads the file."""
+        if self.reader == "mmap":
+            return "the checkpoint is memory-mapped, so a rank allocates only what it keeps"
+        return "the checkpoint is read into memory" + (f" ({self.reason})" if self.reason else "")
 
     def read_from(self, source: Any) -> None:
         """(all ranks) Read ``source``, the checkpoint or its node-local copy, with the reader the settings and the

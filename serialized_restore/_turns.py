@@ -149,8 +149,9 @@ class TurnSchedule:
         p, k, lws = self.placement, keys.k, self.placement.local_world_size
         closing = int(self._call("add", keys.done, 1)) >= p.world_size
         behind = p.local_rank + k
-        if k < lws:
-            self._call("set", keys.wake(p.node_rank, behind), GO)
+        # wakes the rank k places behind, or marks the end of a chain; with every rank of the node at once (k = L),
+        # says that this rank ended, for the rank that finds the stage stalled to name who did not
+        self._call("set", keys.wake(p.node_rank, behind), GO)
         if closing:
             verdict = self._call("compare_set", keys.verdict, "", ENDED)
             self._call("set", keys.closed, verdict)
@@ -161,10 +162,31 @@ class TurnSchedule:
             bound = self.turn_timeout * (math.ceil(lws / k) + (k < lws))
             closed = self._get(keys.closed, bound - (time.monotonic() - arrived))
             if closed is None:
-                ended = f"every rank to end the stage ({self._call('add', keys.done, 0)} of {p.world_size} ranks had)"
-                closed = self._post(keys, stalled_failure(p, keys.name, ended, bound, self.turn_timeout))
+                closed = self._stalled(keys, bound)
             verdict = closed
         self._raise_verdict(keys, verdict)
+
+    def _stalled(self, keys: _Stage, bound: float) -> str:
+        """(a rank that waited ``bound`` for the stage to end) Post who stalled it; the verdict. In a stage of every
+        rank at once no rank times another: the first local rank of this node that did not end it is named; a node
+        whose ranks all ended leaves a moment to another node to name its own, then posts a stall."""
+        p, k, lws = self.placement, keys.k, self.placement.local_world_size
+        missing = self._not_ended_on_node(keys) if k >= lws else []
+        if missing:
+            return self._post(keys, timeout_failure(p, keys.name, missing[0], self.turn_timeout))
+        if k >= lws and p.nodes > 1 and (closed := self._get(keys.closed, _ANSWER)) is not None:
+            return closed
+        ended = f"every rank to end the stage ({self._call('add', keys.done, 0)} of {p.world_size} ranks had)"
+        return self._post(keys, stalled_failure(p, keys.name, ended, bound, self.turn_timeout))
+
+    def _not_ended_on_node(self, keys: _Stage) -> list[int]:
+        """(a rank that found a stage of every rank at once stalled) The local ranks of its node that did not say they
+        ended it: one ``check`` per local rank, on this failure path only."""
+        p = self.placement
+        ended = keys.wake(p.node_rank, p.local_world_size + p.local_rank)
+        return [r for r in range(p.local_world_size)
+                if (key := keys.wake(p.node_rank, p.local_world_size + r)) != ended
+                and self._call("check", [key]) != "True"]  # fmt: skip
 
     def _fail_own_turn(self, keys: _Stage, err: BaseException) -> None:
         """Post this rank's exception (``KeyboardInterrupt`` included: nobody waits for a rank that left). When the
@@ -323,7 +345,8 @@ class _Turn:
         except BaseException as err:  # Ctrl-C while waiting
             schedule._interrupted(self.keys, err)
             raise
-        record.waited, record.at_once = time.monotonic() - self.arrived, not self.ordered
+        record.waited = time.monotonic() - self.arrived
+        record.at_once = not self.ordered and schedule.placement.local_world_size > 1
         # a rank that waits for a turn says when it starts; one that starts at once has its end line only
         if self.logged and self.ordered and schedule.placement.local_rank >= self.keys.k:
             message = f"turn for {record.stage!r} started after waiting {record.waited:.2f}s"

@@ -53,13 +53,13 @@ def test_benchmark_quick_mode_completes_with_exact_restores(tmp_path: Path) -> N
 
 
 def test_default_plan_measures_every_n_of_k_1_also_with_k_n() -> None:
-    """The default run measures `ours-all` (k = N) beside `ours-true` (k = 1) at every size and N > 1, each after
-    its baseline; `--whole-only` runs only the whole-process jobs, alternating ABBA."""
+    """The default run measures `ours-1` (k = 1) beside `ours-true` (`True`) wherever it measures the latter, each
+    after its baseline; `--whole-only` runs only the whole-process jobs, alternating ABBA."""
     args = restore_benchmark.parse_args([])
     for params in args.params:
         jobs = restore_benchmark.plan(args, params)
         where = {mode: {(n, entry) for n, entry, m, _ in jobs if m == mode} for mode in MODES}
-        assert where["ours-all"] == {(n, e) for n, e in where["ours-true"] if n > 1} != set(), params
+        assert where["ours-1"] == {(n, e) for n, e in where["ours-true"] if n > 1} != set(), params
         for i, (n, entry, mode, repeat) in enumerate(jobs):
             assert mode in BASELINES or (n, entry, baseline_of(mode), repeat) in jobs[:i], (params, n, entry, mode)
     assert not restore_benchmark.whole_plan(args, max(args.params))

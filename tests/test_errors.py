@@ -27,7 +27,13 @@ def test_kinds_are_their_text():
     failure = RankFailure(1, 0, 1, STAGE, "timeout", "did not end its turn", reported_by=0)
     assert failure.kind is FailureKind.TIMEOUT and failure.kind == "timeout" and str(failure.kind) == "timeout"
     assert json.loads(failure.to_json())["kind"] == "timeout"
-    assert {k.value for k in FailureKind} == {"exception", "timeout", "store lost", "store unresponsive", "malformed report"}
+    assert {k.value for k in FailureKind} == {
+        "exception",
+        "timeout",
+        "store lost",
+        "store unresponsive",
+        "malformed report",
+    }
     with pytest.raises(ValueError):
         RankFailure(1, 0, 1, STAGE, "exploded", "?")
 

@@ -15,7 +15,15 @@ import pytest
 import torch
 
 from harness.processes import job_env, kill_job, start_job
-from tests.helpers.checks import DURATION_STEP, JOB_TIMEOUT, assert_same, max_concurrent, shared_job, turn_intervals
+from tests.helpers.checks import (
+    DURATION_STEP,
+    JOB_TIMEOUT,
+    assert_same,
+    max_concurrent,
+    ran_at_once,
+    shared_job,
+    turn_intervals,
+)
 from tests.helpers.launch import JobResult, run_job
 
 JOB = Path(__file__).with_name("helpers") / "fabric_job.py"
@@ -62,14 +70,18 @@ def _assert_same_end_state(ours: dict[int, Any], upstream: dict[int, Any], keys:
             assert_same(ours[rank][key], upstream[rank][key], f"rank {rank}: {key}")
 
 
-def _assert_took_turns(ranks: dict[int, Any]) -> None:
-    """Every rank loaded in its turn, one at a time in local rank order, then copied what it keeps (all at once)."""
+def _assert_took_turns(ranks: dict[int, Any], one_at_a_time: bool = False) -> None:
+    """Every rank loaded (``one_at_a_time``: in its turn, in local rank order; else, memory-mapped, with the node's
+    ranks at once), then copied what it keeps (all at once)."""
     intervals = turn_intervals(ranks)
     assert sorted(intervals) == [COPY_STAGE, STAGE], intervals
     for stage in (STAGE, COPY_STAGE):
         assert sorted(r for _, _, r in intervals[stage]) == sorted(ranks), intervals
-    assert max_concurrent(intervals[STAGE]) == 1, sorted(intervals[STAGE])
-    assert [r for _, _, r in sorted(intervals[STAGE])] == sorted(ranks), "not in local rank order"
+    if one_at_a_time:
+        assert max_concurrent(intervals[STAGE]) == 1, sorted(intervals[STAGE])
+        assert [r for _, _, r in sorted(intervals[STAGE])] == sorted(ranks), "not in local rank order"
+    else:
+        assert ran_at_once(ranks, STAGE), [got["turn_log"] for got in ranks.values()]
     last_load = max(end for _, end, _ in intervals[STAGE])
     # a copy's start is its end line's time less the duration that line prints, rounded to DURATION_STEP
     copies = intervals[COPY_STAGE]
@@ -85,21 +97,21 @@ def test_load_equals_upstream_and_keeps_nothing_backed_by_the_file(
     launcher: str,
     flavour: str,
 ) -> None:
-    """`fabric.load(path, state)` in turns ends every rank exactly as upstream's load does (weights, optimizer,
-    scheduler, a stateful object, plain values put into `state`, the returned remainder, and 2 more training steps),
-    the ranks taking turns one at a time; nothing they keep lies in the file's pages. (Upstream's end state, the
-    same under either launcher, comes from one upstream job per test session; ours under Fabric's launcher is the
-    first load of the session's job of our DDP loads.)"""
-    if launcher == "fabric":  # that job's loads are `lightning_fabric`'s
+    """`fabric.load(path, state)` ends every rank exactly as upstream's load does (weights, optimizer, scheduler, a
+    stateful object, plain values put into `state`, the returned remainder, and 2 more training steps): with `True`
+    the memory-mapped load with the node's ranks at once, with `k = 1` one at a time; nothing they keep lies in the
+    file's pages. (Upstream's end state, the same under either launcher, comes from one upstream job per test session;
+    ours under Fabric's launcher is the first load of the session's job of our DDP loads.)"""
+    if launcher == "fabric":  # that job's loads are `lightning_fabric`'s, with `True`
         ours = {rank: got["load"] for rank, got in request.getfixturevalue("fabric_ours_loads").items()}
     else:
         config = {"action": "load", "ckpt_path": fabric_saved["ckpt"], "flavour": flavour, "fabric": "ours"}
-        ours = _ok({**config, "out": str(tmp_path / "ours")}, launcher)
+        ours = _ok({**config, "serialized": 1, "out": str(tmp_path / "ours")}, launcher)
     upstream = fabric_upstream_load
     keys = ("params", "optimizer", "scheduler", "counter", "plain_state", "remainder")
     _assert_same_end_state(ours, upstream, keys)
     assert set(ours[0]["remainder"]) == {"note"} and ours[0]["plain_state"]["step"] == 3
-    _assert_took_turns(ours)
+    _assert_took_turns(ours, one_at_a_time=launcher == "torchrun")
     for rank, got in ours.items():
         assert got["file_backed"] == [], f"rank {rank}: tensors still in the file's pages: {got['file_backed']}"
         ended = [m for _, m in got["turn_log"] if "ended in" in m and "[rank" in m]
@@ -131,15 +143,16 @@ _FAILING_LOADS = [
 
 
 def test_failures_raise_upstreams_exception_type_on_every_rank(tmp_path: Path, fabric_saved: dict[str, str]) -> None:
-    """A load that fails raises on every rank an exception of upstream's type: rank 0, which failed, its own; the other
-    rank a CheckpointRestoreError naming rank 0; the job ends non-zero, and the checkpoint file is left as it was.
+    """A load that fails raises on every rank an exception of upstream's type: one rank at a time (k = 1), rank 0,
+    which failed, its own; the other rank a CheckpointRestoreError naming rank 0; the job ends non-zero, and the
+    checkpoint file is left as it was.
     (The failing loads run one after the other in one job per side, each on a state of its own, the job raising once
     the last has failed.)"""
     before = Path(fabric_saved["ckpt"]).read_bytes()
     loads = [{"action": "load", **config} for _, config in _FAILING_LOADS]
     common = {"action": loads, "keep_going": True, "ckpt_path": fabric_saved["ckpt"]}
     upstream = _run({**common, "fabric": "upstream", "out": str(tmp_path / "upstream")})
-    ours = _run({**common, "fabric": "ours", "out": str(tmp_path / "ours")})
+    ours = _run({**common, "fabric": "ours", "serialized": 1, "out": str(tmp_path / "ours")})
     assert upstream.returncode != 0 and ours.returncode != 0
     assert sorted(upstream.errors) == sorted(ours.errors) == [0, 1], (upstream.errors, ours.errors)
     for rank in (0, 1):
@@ -203,7 +216,7 @@ def test_fsdp_strict_key_error_is_upstreams_on_every_rank(tmp_path: Path, fabric
     before = Path(fabric_saved["ckpt"]).read_bytes()
     common = {"action": "load", "ckpt_path": fabric_saved["ckpt"], "strategy": "fsdp", "missing_keys": ["absent"]}
     upstream = _run({**common, "fabric": "upstream", "out": str(tmp_path / "upstream")})
-    ours = _run({**common, "fabric": "ours", "out": str(tmp_path / "ours")})
+    ours = _run({**common, "fabric": "ours", "serialized": 1, "out": str(tmp_path / "ours")})
     assert upstream.returncode != 0 and ours.returncode != 0
     assert sorted(upstream.errors) == sorted(ours.errors) == [0, 1], (upstream.errors, ours.errors)
     for rank in (0, 1):

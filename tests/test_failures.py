@@ -113,8 +113,10 @@ def _run(
     timeout: float = 150.0,
     continue_after_failure: bool = False,
     env: Optional[dict[str, str]] = None,
+    serialized: Any = True,
 ) -> Run:
-    """Run ``failing_job.py`` with the Trainer's own launcher; kill its process group after ``timeout`` seconds."""
+    """Run ``failing_job.py`` with the Trainer's own launcher; kill its process group after ``timeout`` seconds.
+    ``serialized``: the option's value (``1``: one rank at a time also where the file is memory-mapped)."""
     out = tmp_path / "job"
     config = {
         "out": str(out),
@@ -122,6 +124,7 @@ def _run(
         "devices": devices,
         "cases": cases,
         "continue_after_failure": continue_after_failure,
+        "serialized": serialized,
     }
     result = launch.run_job(config, timeout=timeout, env={**FAST, **(env or {})}, script=FAILING_JOB)
     return Run(result, time.time(), out, cases)
@@ -294,8 +297,12 @@ def test_a_turn_past_the_timeout_names_the_setting_and_the_cause(tmp_path, check
     ckpt = str(checkpoint_dir / "last.ckpt")
     name = f"ddp, {fault['in']}"
     turn_timeout = 4.0
+    # one rank at a time (k = 1): a collective in a hook completes where the node's ranks run the hook at once
     run = _run(
-        tmp_path, [{"name": name, "ckpt_path": ckpt, "fault": fault}], env={"SERIALIZED_RESTORE_TURN_TIMEOUT": "4"}
+        tmp_path,
+        [{"name": name, "ckpt_path": ckpt, "fault": fault}],
+        env={"SERIALIZED_RESTORE_TURN_TIMEOUT": "4"},
+        serialized=1,
     )
     waiting = run.ranks(name)[1 - failed]
     assert waiting["failed_ranks"] == [failed] and waiting["kinds"] == ["timeout"], waiting
@@ -322,16 +329,22 @@ def test_a_turn_past_the_timeout_names_the_setting_and_the_cause(tmp_path, check
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("stopped", [1, 0], ids=["rank 1 stopped", "rank 0 stopped"])
-@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
+@pytest.mark.parametrize("launcher", ["lightning", "torchrun", "ddp_spawn"])
 def test_a_rank_stopped_in_its_turn_ends_with_the_job(tmp_path: Path, trained_checkpoint: Path, launcher, stopped):
     """A rank stopped (SIGSTOP) inside its turn, under Lightning's own launcher (rank 0 is the first process, which
-    starts the other and hosts the store) or torchrun (its agent hosts the store): the other rank raises naming it
-    within the turn timeout plus a few seconds, and no process of the job is alive 20 s after the job's first process
-    exits (where that is the stopped rank: after the other rank ended)."""
+    starts the other and hosts the store), torchrun (its agent hosts the store) or ``ddp_spawn`` (the first process
+    spawns both ranks; rank 0 hosts the store): the other rank raises naming it within the turn timeout plus a few
+    seconds, and no process of the job is alive 20 s after the job's first process exits (where that is the stopped
+    rank: after the other rank ended)."""
     turn_timeout = 5.0
     case = {"name": "stop", "ckpt_path": str(trained_checkpoint), "fault": {"rank": stopped, "in": "stop"}}
     out = tmp_path / "job"
-    config = {"out": str(out), "devices": 2, "cases": [case]}
+    config = {
+        "out": str(out),
+        "devices": 2,
+        "cases": [case],
+        "strategy": "ddp_spawn" if launcher == "ddp_spawn" else "ddp",
+    }
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     env = job_env({"SERIALIZED_RESTORE_TURN_TIMEOUT": str(turn_timeout)})
     with open(tmp_path / "output.txt", "w") as output:
@@ -348,11 +361,13 @@ def test_a_rank_stopped_in_its_turn_ends_with_the_job(tmp_path: Path, trained_ch
         fault_at = json.loads((out / "stop" / "fault.json").read_text())["at"]
         outcome = json.loads(report.read_text())
         assert outcome["failed_ranks"] == [stopped], outcome
-        kinds = ["store unresponsive"] if (launcher, stopped) == ("lightning", 0) else ["timeout"]
+        # where the stopped rank hosts the store, the other finds the store stopped answering
+        kinds = ["store unresponsive"] if stopped == 0 and launcher != "torchrun" else ["timeout"]
         assert outcome["kinds"] == kinds, outcome
         assert outcome["ended_at"] - fault_at < turn_timeout + 8, outcome["ended_at"] - fault_at
-        # the first process: torchrun's agent, or Lightning's rank 0, which exits unless it is the stopped one
-        if launcher == "torchrun" or stopped != 0:
+        # the first process: torchrun's agent, the process that spawned the ranks, or Lightning's rank 0, which exits
+        # unless it is the stopped one
+        if launcher != "lightning" or stopped != 0:
             proc.wait(timeout=60)
             ended = time.time()
         else:
@@ -459,7 +474,9 @@ def test_bad_input_is_refused_on_every_rank(tmp_path, trained_checkpoint):
         },
     ]
     before = _snapshot(directory)
-    run = _run(tmp_path, cases + readable, continue_after_failure=True, timeout=220)
+    # one rank at a time (k = 1): the first reader refuses the file and the other never reads it; with `True` the
+    # node's ranks map it at once, and each raises upstream's own error (the fault campaign's bad files)
+    run = _run(tmp_path, cases + readable, continue_after_failure=True, timeout=220, serialized=1)
     assert run.returncode == 0, run.output[-4000:]
     for case in cases:
         name = case["name"]

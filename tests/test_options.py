@@ -10,10 +10,10 @@ from serialized_restore._options import ENVIRONMENT_OVERRIDES, options_from, set
 from serialized_restore.lightning import Trainer as UnifiedTrainer
 
 
-@pytest.mark.parametrize(("value", "expected"), [(True, 1), (1, 1), (2, 2), (64, 64), (np.int64(3), 3)])
+@pytest.mark.parametrize(("value", "expected"), [(True, None), (1, 1), (2, 2), (64, 64), (np.int64(3), 3)])
 def test_accepted_values(value: object, expected: object) -> None:
-    """True means one rank at a time, a positive int bounds concurrent ranks: each stands for the settings object with
-    that `max_concurrent`; False turns the option off."""
+    """True leaves the ranks at a time to each stage (`max_concurrent=None`), a positive int bounds them in every
+    stage: each stands for the settings object with that `max_concurrent`; False turns the option off."""
     assert settings_of(value) == SerializedLoading(max_concurrent=expected)  # type: ignore[arg-type]
     assert settings_of(False) is None
 
@@ -113,7 +113,7 @@ def test_the_heartbeat_setting_is_accepted_with_a_deprecation_warning_and_no_eff
             monkeypatch.setenv("SERIALIZED_RESTORE_HEARTBEAT_TIMEOUT", "5")
             trainer = Trainer(serialized_checkpoint_loading=True, logger=False)
     settings = trainer._checkpoint_connector._settings
-    assert (settings.turn_timeout, settings.max_concurrent) == (1800.0, 1)
+    assert (settings.turn_timeout, settings.max_concurrent) == (1800.0, None)
     with pytest.raises(ValueError, match="expected a positive number of seconds"):
         SerializedLoading(heartbeat_timeout=0)
 

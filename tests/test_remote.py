@@ -7,6 +7,7 @@ import hashlib
 import http.server
 import json
 import os
+import signal
 import socket
 import stat
 import threading
@@ -17,9 +18,10 @@ from typing import Any
 
 import pytest
 
+from harness.processes import job_env, kill_job, start_job
 from serialized_restore._remote import FILE_NAME, PREFIX, NodeLocalCopy, check_fetch_directory, ensure_free_space
 from tests.helpers.checks import JOB_TIMEOUT, assert_training_state_equal, run_ok
-from tests.helpers.launch import run_job
+from tests.helpers.launch import JOB, run_job
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -232,6 +234,37 @@ def test_truncated_download_fails_on_every_rank_and_leaves_nothing(
     # the download stalled for a second halfway: the watcher saw the directory and the partial file, both private
     assert len(_assert_private(watcher.seen)) == 1 and len(watcher.seen) == 2, watcher.seen
     assert list(fetch_dir.iterdir()) == []
+
+
+def test_ctrl_c_while_waiting_removes_the_node_local_copy(tmp_path: Path, reference: dict[str, Any], fetch_dir: Path):
+    """SIGINT to rank 0 (the first process, which fetched the copy) while it waits for rank 1's turn to end: it raises
+    `KeyboardInterrupt` through the process's own handler, the job ends, and the node-local copy is gone: the exit
+    handlers ran (a SIGINT that killed the process outright would have left it)."""
+    # one rank at a time (k = 1), so that rank 0 waits while rank 1 takes its turn
+    config = {**_validate_job(tmp_path, ""), "serialized": 1, "hook_sleep": 3.0}
+    output = tmp_path / "output.txt"
+    with _Server(Path(reference["ckpt"]).read_bytes()) as server:
+        config["ckpt_path"] = server.url
+        (tmp_path / "job").mkdir()
+        env = job_env(_env(fetch_dir, _free_port()))
+        with open(output, "w") as out:
+            proc = start_job(JOB, config, cwd=tmp_path / "job", env=env, stdout=out)
+        try:
+            waiting = "[rank 1] serialized restore: turn for 'restore modules and callbacks' started"
+            deadline = time.monotonic() + JOB_TIMEOUT
+            while waiting not in output.read_text() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.05)
+            assert waiting in output.read_text(), output.read_text()[-4000:]
+            assert any(fetch_dir.iterdir())  # the copy is there, while rank 1 reads it
+            os.kill(proc.pid, signal.SIGINT)
+            proc.wait(timeout=60)
+        finally:
+            kill_job(proc)
+    assert proc.returncode != 0
+    # Lightning's own handler turns the KeyboardInterrupt into `sys.exit(1)`, after killing the other rank
+    error = json.loads((tmp_path / "job" / "rank0.error.json").read_text())
+    assert error["type"] == "SystemExit" and "KeyboardInterrupt" in error["traceback"], error
+    assert list(fetch_dir.iterdir()) == [], list(fetch_dir.iterdir())
 
 
 def test_a_rank_that_refuses_the_announced_copy_ends_the_restore_on_every_rank(

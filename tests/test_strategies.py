@@ -24,8 +24,9 @@ NO_EFFECT = "has no effect with"
 
 
 def assert_ranks_took_turns(ranks: dict[int, Any]) -> None:
-    """Every rank took one turn per stage; in the first stage one rank at a time, local rank 0 first (k = 1, one
-    node). The second stage, which copies out of the mapped file only what the optimizers keep, runs at once."""
+    """Every rank took one turn per stage; in the first stage one rank at a time, local rank 0 first (k = 1 given,
+    one node). The second stage, which copies out of the mapped file only what the optimizers keep, runs at once
+    unless k is given: then in turns too."""
     stages = turn_intervals(ranks)
     assert set(stages) == STAGES, sorted(stages)
     for stage, intervals in stages.items():
@@ -63,7 +64,7 @@ def test_ddp_family_resume_is_bit_identical_in_turns(
         {
             "trainer": "ours",
             "strategy": strategy,
-            "serialized": True,
+            "serialized": 1,  # one at a time: the order is asserted
             "out": str(tmp_path),
             "max_epochs": 2,
             "ckpt_path": reference["ckpt"],
@@ -141,7 +142,7 @@ def _run_subclass_job(tmp_path: Path, reference: dict[str, Any], strategy: str, 
     job = {
         "trainer": "ours",
         "strategy": strategy,
-        "serialized": True,
+        "serialized": 1,  # one at a time: the order is asserted
         "out": str(tmp_path / "out"),
         "max_epochs": 2,
         "ckpt_path": reference["ckpt"],
@@ -179,7 +180,7 @@ def test_ddp_subclass_overriding_a_restore_method_warns_and_restores_as_upstream
     """A `DDPStrategy` subclass that overrides `load_checkpoint` may run collectives there: on 2 real ranks, one
     warning on rank zero naming it, no turns, and upstream's restore, bit-identical."""
     out = tmp_path / "out"
-    result = _run_subclass_job(tmp_path, reference, "overriding_ddp_subclass")
+    result = _run_subclass_job(tmp_path, reference, "overriding_ddp_subclass", serialized=True)
     for rank in (0, 1):
         assert f"OverridingDDPSubclass.load_checkpoint on rank {rank}" in result.output
     warning = (

@@ -86,7 +86,7 @@ def test_two_nodes_take_turns_in_parallel(
     ranks = _run_two_nodes(
         {
             "trainer": "ours",
-            "serialized": True,
+            "serialized": 1,  # one at a time within a node: the order is asserted
             "devices": 2,
             "num_nodes": 2,
             "out": str(tmp_path),

@@ -146,6 +146,15 @@ def turn_intervals(rank_results: dict[int, Any]) -> dict[str, list[tuple[float, 
     return out
 
 
+def ran_at_once(ranks: dict[int, Any], stage: str) -> bool:
+    """Every rank logged its turn of ``stage`` as run with its node's other ranks at once (no rank waited for it)."""
+    lines = [[m for _, m in got["turn_log"] if f"turn for '{stage}'" in m] for got in ranks.values()]
+    at_once = "ended in" in "".join(sum(lines, [])) and all(
+        "with the node's other ranks at once" in m for m in sum(lines, [])
+    )
+    return at_once and all(len(rank_lines) == 1 for rank_lines in lines)
+
+
 def max_concurrent(intervals: list[tuple[float, float, int]]) -> int:
     events = sorted([(s, 1) for s, _, _ in intervals] + [(e, -1) for _, e, _ in intervals], key=lambda x: (x[0], x[1]))
     inside = peak = 0
