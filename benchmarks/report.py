@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import plots  # noqa: E402
+from benchmarks import against, plots  # noqa: E402
 from benchmarks._measure import overheads  # noqa: E402
 from benchmarks.modes import BASELINES, FAMILIES, MODES, TEXT, baseline_of, upstream_of  # noqa: E402
 
@@ -25,7 +25,6 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 WHOLE = "## Whole process, restore only"
 # sections of docs/benchmarks.md that other runs write (`--whole-only`, scale.py, failure_output.py), kept as they are
 KEPT = (WHOLE, "## The turns at scale", "## What a failure prints")
-FLOOR_MODES = ("upstream", "ours-true", "ours-1")  # upstream, and the add-on with True and with k = 1
 Record = dict[str, Any]
 
 # What the benchmark was written to show, checked at every size: (mode, entry, figure, scope, lowest, highest).
@@ -187,6 +186,12 @@ def records(results: dict[str, Any]) -> list[Record]:
             known = ref and rec[time] is not None and rec["mode"] not in BASELINES
             rec["vs_upstream"] = rec[time] / ref if known else None
             rec["window_over_floor"] = rec["window_s"] / rec["floor_s"] if rec["floor_s"] and rec["window_s"] else None
+            # the window less the same job's without a checkpoint (DDP's setup between the stages): the restore's own
+            own = find.get((rec["devices"], rec["entry"], baseline_of(rec["mode"])), {}).get("window_s")
+            known = own is not None and rec["window_s"] is not None and rec["mode"] not in BASELINES
+            rec["restore_s"] = rec["window_s"] - own if known else None
+            rec["restore_over_floor"] = rec["restore_s"] / rec["floor_s"] if known and rec["floor_s"] else None
+            against.annotate(rec, ck)
             headline = rec.get("headline_bytes")
             rec["headline_x_s"] = None if headline is None else headline / rec["checkpoint_bytes"]
         out += cells
@@ -243,33 +248,6 @@ def family_tables(recs: list[Record], families: tuple[str, ...]) -> list[str]:
         header = f"mode | N | {memory} | PSS above baseline | window (s) | vs upstream | CPU (s) | other load | exact"
         lines += [f"### `{call}`", "", *_table(header, rows)]
     return lines
-
-
-def floor_section(recs: list[Record]) -> tuple[list[str], list[str]]:
-    """The windows of upstream and the add-on at k = 1 and k = N over the floor, at every size, N and entry point;
-    and each mode's worst case."""
-    modes = [m for m in FLOOR_MODES if any(r["mode"] == m for r in recs)]
-    find = {(r["params"], r["devices"], r["entry"], r["mode"]): r for r in recs}
-    rows = []
-    for params, n, entry in sorted({(r["params"], r["devices"], r["entry"]) for r in recs if r["floor_s"]}):
-        found = [find.get((params, n, entry, m), {}) for m in modes]
-        if not any(found):
-            continue
-        one = next(r for r in found if r)
-        rows.append([_size(params, one["checkpoint_bytes"]), n, entry])
-        rows[-1] += [_num(one[key], digits=3) for key in ("read_s", "copy_s", "floor_s")]
-        rows[-1] += [text for r in found for text in (_num(r.get("window_s")), _num(r.get("window_over_floor"), True))]
-    worst = []
-    for mode in modes:
-        if mine := [r for r in recs if r["mode"] == mode and r["window_over_floor"]]:
-            w = max(mine, key=lambda r: r["window_over_floor"])
-            where = f"{w['params'] / 1e6:.0f}M, N={w['devices']}, {w['entry']}"
-            ratio = f"{w['window_over_floor']:.1f} x"
-            worst.append(f"`{mode}` {ratio} ({where}: {w['window_s']:.2f} s, floor {w['floor_s']:.3f} s)")
-    header = "model, S | N | entry | read (s) | copy (s) | floor (s)" + "".join(
-        f" | `{m}` window (s) | x floor" for m in modes
-    )
-    return _table(header, rows), ["Worst case: " + "; ".join(worst) + "."] if worst else []
 
 
 def target_rows(recs: list[Record]) -> list[tuple[str, str, bool, float]]:
@@ -393,8 +371,14 @@ sensitive to that; memory figures are not.
             if families == ("fsdp",):
                 intro.append(f"![FSDP restore overhead / S against N]({image_dir}/restore_fsdp.png)")
             lines += _section(title, *intro, tables)
-    table, worst = floor_section(recs)
-    lines += _section("Against the floor", "The restore window over the floor (*Definitions*).", table, *worst)
+    table, worst = against.floor_section(recs)
+    own = (
+        "The restore window over the floor (*Definitions*); *own*: the window less the window of the same job"
+        " without a checkpoint (DDP's setup between the two stages, a broadcast of the weights from rank 0 that"
+        " every job pays), over the floor."
+    )
+    lines += _section("Against the floor", own, table, *worst)
+    lines += against.prediction_section(recs)
     lines += sizes_section(recs, image_dir) if len(sizes) > 1 else []
     lines += whole_section(recs) if any(r["entry"] == "whole" for r in recs) else []
     if results["quick"]:
@@ -467,7 +451,7 @@ def write(results: dict[str, Any], out: Path, docs: bool) -> list[Path]:
 def print_summary(results: dict[str, Any]) -> None:
     """The floor's table and worst cases, the targets and the whole-process medians, on stdout."""
     recs = records(results)
-    table, worst = floor_section(recs)
+    table, worst = against.floor_section(recs)
     print("\nthe restore window against the floor (reading the file once + N ranks copying what they keep):")
     print("\n".join(table + worst))
     for target, measured, ok, figure in [] if results["quick"] else target_rows(recs):
