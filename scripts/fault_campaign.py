@@ -73,7 +73,6 @@ LATE = ("after the restore", "done")
 TIMEOUT_PHRASE = "did not end its turn within the turn timeout"
 STORE_LOST = "lost contact with the process group's store"
 STORE_STOPPED = "stopped answering"  # kind 'store unresponsive': the store's host is stopped
-TORCH_TRUNCATED = "failed finding central directory"  # torch's own error for a zip file without its end
 BAD_TEXT = {"truncated": ("truncated",), "garbage": ("not a PyTorch checkpoint",),
             "missing": ("does not exist", "Checkpoint file not found", "No such file or directory")}  # fmt: skip
 Events = list[dict[str, Any]]
@@ -184,6 +183,13 @@ def read_events(path: Path) -> Events:
         return []
 
 
+def sigint_at_default() -> None:
+    """(the job's main process, before it starts) SIGINT at its default action, as a terminal's foreground job has
+    it, also where the campaign runs in the background: a shell without job control starts a command given ``&``
+    with SIGINT ignored, which its children would inherit, and neither Ctrl-C nor a SIGINT fault would reach them."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_job(config: dict[str, Any], launcher: str, where: Path, turn_timeout: float, bound: float, linger: float,
             trigger: Optional[Callable[[Events, Outcome, Watch], None]] = None) -> Outcome:  # fmt: skip
     """Start the job in a session of its own, call ``trigger`` as its events come, wait at most ``bound`` s for its
@@ -197,7 +203,8 @@ def run_job(config: dict[str, Any], launcher: str, where: Path, turn_timeout: fl
     started = time.monotonic()
     with open(where / "job.log", "wb") as log:
         main = subprocess.Popen([*argv, str(JOB), json.dumps(config)], cwd=where, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=sigint_at_default)  # fmt: skip
     watch, outcome = Watch(main), Outcome()
     try:
         while main.poll() is None and time.monotonic() - started < bound:
@@ -303,21 +310,24 @@ def launcher_names(output: str, launcher: str, rank: int, pid: Optional[int], co
     return re.search(rf"rank\s*:\s*{rank} \(local_rank: {rank}\)\s*\n\s*exitcode\s*:\s*{code}\b", output) is not None
 
 
-def torch_truncated(out: str, devices: int) -> bool:
-    """With ``True`` a truncated zip file is memory-mapped by every rank at once, and each raises torch's own error,
-    as upstream's ranks do: every rank's traceback ends with it."""
-    return out.count(TORCH_TRUNCATED) >= devices
+def own_traceback_names(output: str, rank: int, text: str) -> bool:
+    """Rank ``rank``'s own uncaught exception says ``text``: a line of its traceback, which torch prefixes with
+    ``[rank<r>]:`` once the process group is up."""
+    return any(line.startswith(f"[rank{rank}]:") and text in line for line in output.splitlines())
 
 
 def expected_cause(spec: Spec, outcome: Outcome, text: str) -> Optional[str]:
     """None if the output names the cause as the fault kind must, else what is missing:
 
     * raise / exit: the injected text is printed (the failing rank's own exception), and a line of the project's
-      error names rank r with that text (exit: with ``SystemExit``);
+      error names rank r with that text (exit: with ``SystemExit``); with ``k=True`` the ranks run the hook's stage at
+      once, and a launcher that ends the job as soon as one rank exits (torchrun's agent) may end the others before
+      they reach the stage's end, where they would learn of the failure, as it ends upstream's ranks: then rank r's
+      own report names it, its traceback under torch's ``[rank<r>]:`` prefix (raise) or the launcher's record of its
+      exit with status 1 (exit);
     * bad file: a line of the project's error names rank 0 (the node's local rank 0 reads first) with the problem:
       ``truncated``; ``not a PyTorch checkpoint``; ``does not exist`` or upstream's ``Checkpoint file not found`` /
-      ``No such file or directory`` (docs/failures.md promises the first in its table, the second in its text); a
-      truncated zip file with ``k=True``: every rank maps it at once and prints torch's own error (``torch_truncated``);
+      ``No such file or directory`` (docs/failures.md promises the first in its table, the second in its text);
     * sigstop: a line of the project's error names rank r with ``did not end its turn within the turn timeout``
       or, for rank 0 under Lightning's launcher (the store's host), ``stopped answering`` (no launcher sees a
       stopped process);
@@ -333,10 +343,15 @@ def expected_cause(spec: Spec, outcome: Outcome, text: str) -> Optional[str]:
         if text not in out:
             return f"the injected text {text!r} is not in the output"
         kind = text if fault == "raise" else "SystemExit"
-        return None if names_rank(out, r, (kind,)) else f"no error line names rank {r} with {kind!r}"
-    if fault in BAD_FILE:
-        if fault == "truncated" and spec.k is True and torch_truncated(out, spec.devices):
+        if names_rank(out, r, (kind,)):
             return None
+        if spec.k is True and fault == "raise" and own_traceback_names(out, r, f"RuntimeError: {text}"):
+            return None
+        pid = next((e["pid"] for e in outcome.events if e["rank"] == r), None)
+        if spec.k is True and fault == "exit" and launcher_names(out, spec.launcher, r, pid, 1):
+            return None
+        return f"no error line names rank {r} with {kind!r}"
+    if fault in BAD_FILE:
         return None if names_rank(out, 0, BAD_TEXT[fault]) else f"no error line names rank 0 with {BAD_TEXT[fault]}"
     if fault == "sigstop":
         kinds = (TIMEOUT_PHRASE,) + ((STORE_STOPPED,) if r == 0 and spec.launcher == "lightning" else ())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -39,7 +40,9 @@ def local_path(path: Any) -> str | None:
 
 def path_unmappable_reason(path: Any) -> str | None:
     """Why ``path`` cannot be memory-mapped, or ``None`` if it can: it must be a local file in torch's zip format.
-    ``""`` where no checkpoint is there (nothing, or a file neither zip nor pickle): upstream's own error says why."""
+    ``""`` where no checkpoint is there (nothing, a file neither zip nor pickle, or a zip archive without its end, as
+    a cut-short save leaves it): upstream's own error says why, raised by the first reader in its turn, and the
+    package's error names it on every other rank."""
     local = local_path(path)
     if local is None:
         return f"{path!r} is not a local path"
@@ -51,7 +54,8 @@ def path_unmappable_reason(path: Any) -> str | None:
     except OSError as err:
         return f"{path!r} cannot be read ({err.strerror})"
     if head == _ZIP_MAGIC:
-        return None
+        # a few KiB read from the file's end: whether the archive's end record is there
+        return None if zipfile.is_zipfile(local) else ""
     legacy = f"{path!r} is not in torch's zip format (saved with `_use_new_zipfile_serialization=False`?)"
     return legacy if head.startswith(b"\x80") else ""
 

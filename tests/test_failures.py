@@ -474,8 +474,9 @@ def test_bad_input_is_refused_on_every_rank(tmp_path, trained_checkpoint):
         },
     ]
     before = _snapshot(directory)
-    # one rank at a time (k = 1): the first reader refuses the file and the other never reads it; with `True` the
-    # node's ranks map it at once, and each raises upstream's own error (the fault campaign's bad files)
+    # one rank at a time (k = 1): the first reader refuses the file and the other never reads it; with `True` a file
+    # whose archive looks whole (a damaged member) is mapped by the node's ranks at once, and each raises upstream's
+    # own error; a missing or cut-short file is read in turns, as here (the next test, with `True`)
     run = _run(tmp_path, cases + readable, continue_after_failure=True, timeout=220, serialized=1)
     assert run.returncode == 0, run.output[-4000:]
     for case in cases:
@@ -504,7 +505,7 @@ def test_bad_input_is_refused_on_every_rank(tmp_path, trained_checkpoint):
 
 @pytest.mark.timeout(200)
 # a missing file (upstream's own FileNotFoundError, passed through): `test_bad_input_is_refused_on_every_rank`
-@pytest.mark.parametrize(("bad", "world"), [("rank raising", 2), ("random bytes", 2)])
+@pytest.mark.parametrize(("bad", "world"), [("rank raising", 2), ("random bytes", 2), ("truncated", 2)])
 def test_a_failed_restore_prints_no_more_than_upstream(tmp_path, trained_checkpoint, bad, world):
     """A job whose resume fails, nothing caught (``benchmarks/failure_output.py`` has every case at 2 and 4 ranks):
     the add-on's output has no more lines than upstream's for the same failure, in the same run; each rank's log
