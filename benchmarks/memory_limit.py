@@ -10,7 +10,7 @@ with a real limit instead of a figure. It puts every measured job (all its ranks
    (``serialized_checkpoint_loading=True``) run under that limit: whether the kernel's OOM killer ended the job,
    and whether every rank restored bit for bit.
 
-    python benchmarks/memory_limit.py             # 40M parameters, N = 4 (about 2 minutes): docs/memory_limit.md
+    python benchmarks/memory_limit.py             # 40M parameters, N = 4 (under a minute): docs/memory_limit.md
     python benchmarks/memory_limit.py --no-docs   # the same, printed only
     python benchmarks/memory_limit.py --ours-only --params 20000000 --devices 2  # ours only, smaller (the suite's)
 
