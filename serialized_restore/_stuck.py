@@ -27,11 +27,12 @@ def launched_by_lightning(strategy: Any) -> bool:
 
 def end_stuck_ranks(
     strategy: Any, placement: RankPlacement, stuck: list[int], first_process: Callable[[], int | None]
-) -> None:
+) -> bool:
     """(each rank, before it raises an error naming ``stuck`` global ranks) Kill those of this node that this process
-    launched, or this node's first process (its id: ``first_process()``) when that launched this one."""
+    launched, or this node's first process (its id: ``first_process()``) when that launched this one. Whether the
+    job's processes end stuck ranks now, here or on the node that launched them (else the launcher does, later)."""
     if strategy is None or not launched_by_lightning(strategy):
-        return
+        return False
     p = placement
     local = [r - p.node_rank * p.local_world_size for r in stuck if r // p.local_world_size == p.node_rank]
     procs = list(getattr(strategy.launcher, "procs", []) or [])
@@ -42,3 +43,4 @@ def end_stuck_ranks(
     if p.local_rank > 0 and 0 in local and (parent := first_process()) is not None and parent == os.getppid():
         with contextlib.suppress(OSError):
             os.kill(parent, signal.SIGKILL)
+    return True

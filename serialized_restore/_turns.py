@@ -79,10 +79,11 @@ class TurnSchedule:
 
     def __init__(self, *, store: dist.Store | None, placement: RankPlacement, max_concurrent: int,
                  checkpoint_path: str, turn_timeout: float, namespace: str = "", logger: logging.Logger = log,
-                 on_stuck: Callable[[TurnSchedule, list[int]], None] | None = None) -> None:  # fmt: skip
+                 on_stuck: Callable[[TurnSchedule, list[int]], bool] | None = None) -> None:  # fmt: skip
         """``namespace``: the keys' prefix under ``serialized_restore/``, the same on every rank of this schedule and
         never used by another (a later restore, a restarted attempt of the job): see ``RestorePlan.schedule``.
-        ``on_stuck(schedule, ranks)``: called before this rank raises an error that names ``ranks`` as stuck."""
+        ``on_stuck(schedule, ranks)``: called before this rank raises an error that names ``ranks`` as stuck;
+        whether the job's own processes end them now (False: only the launcher does, once this rank has exited)."""
         self.placement = p = placement
         self.max_concurrent = max(1, min(max_concurrent, p.local_world_size))
         self.checkpoint_path = checkpoint_path
@@ -229,14 +230,17 @@ class TurnSchedule:
 
     def _stuck(self, failures: list[RankFailure]) -> None:
         """Before raising ``failures``: have the ranks it names as stuck ended (``on_stuck``), then let a call still
-        waiting on the store (its host stopped, and maybe killed just now) return first, if it does within seconds."""
+        waiting on the store (its host stopped, and maybe killed just now) return first, if it does within seconds:
+        one that returned while Python finalizes the process would abort it. Where no process of the job ends a
+        stuck host now (under torchrun and ``ddp_spawn`` the launcher does, after this rank has exited), the call
+        cannot return before this rank exits, and waiting would only delay its error."""
         me = self.placement.global_rank
         stuck = [f.global_rank for f in failures if f.kind in _STUCK and f.global_rank >= 0 and f.global_rank != me]
+        ended_now = True
         if stuck and self._on_stuck is not None:
-            self._on_stuck(self, stuck)
+            ended_now = self._on_stuck(self, stuck)
         pending, self._pending = self._pending, None
-        if pending is not None:
-            # one that returned while Python finalizes the process would abort it
+        if pending is not None and ended_now:
             pending.wait(_ANSWER)
 
     def _acknowledge(self, keys: _Stage) -> None:
