@@ -24,10 +24,9 @@ from serialized_restore._readers import (
     storages_of,
     wait_for_device_copies,
 )
-from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy
+from serialized_restore._remote import STAGE_CHECK, STAGE_FETCH, NodeLocalCopy
 from serialized_restore._turns import TurnSchedule
 
-STAGE_FETCH = "fetch checkpoint"
 STAGE_MODULES = "restore modules and callbacks"
 STAGE_TRAINING_STATE = "restore training state"
 

@@ -225,14 +225,24 @@ def verdict_failures(stage: str, verdict: str) -> list[RankFailure]:
 
 def timeout_failure(observer: RankPlacement, stage: str, local: int, turn_timeout: float) -> RankFailure:
     """Local rank ``local`` of ``observer``'s node did not end its turn within the turn timeout."""
-    message = (
-        f"did not end its turn within the turn timeout, {TURN_TIMEOUT_SETTING} (seconds, now {turn_timeout:g}),"
-        " counted from when it could start; it is stuck in its turn, has not reached the restore, or its process"
-        " ended. Likely causes: a slow file system (raise the timeout), or a collective (such as"
-        " `strategy.barrier()`) in `LightningModule.on_load_checkpoint` or a callback's `on_load_checkpoint` /"
-        " `load_state_dict`, which cannot complete while the other ranks wait for their turns. A rank stuck in its"
-        " turn prints its stack to its stderr at the timeout."
-    )
+    from serialized_restore._remote import STAGE_FETCH  # here: it imports torch (see failure_from_exception)
+
+    if stage == STAGE_FETCH:
+        message = (
+            f"did not finish downloading the checkpoint within the turn timeout, {TURN_TIMEOUT_SETTING} (seconds, now"
+            f" {turn_timeout:g}), counted from when it could start: the download takes longer than that (raise the"
+            " timeout above the download's time for a large remote checkpoint or a slow link), or its process"
+            " stopped or ended."
+        )
+    else:
+        message = (
+            f"did not end its turn within the turn timeout, {TURN_TIMEOUT_SETTING} (seconds, now {turn_timeout:g}),"
+            " counted from when it could start; it is stuck in its turn, has not reached the restore, or its process"
+            " ended. Likely causes: a slow file system (raise the timeout), or a collective (such as"
+            " `strategy.barrier()`) in `LightningModule.on_load_checkpoint` or a callback's `on_load_checkpoint` /"
+            " `load_state_dict`, which cannot complete while the other ranks wait for their turns. A rank stuck in its"
+            " turn prints its stack to its stderr at the timeout."
+        )
     at = (observer.global_rank_of(local), observer.node_rank, local, stage)
     return RankFailure(*at, FailureKind.TIMEOUT, message, reported_by=observer.global_rank)
 

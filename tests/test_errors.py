@@ -13,6 +13,7 @@ from serialized_restore._errors import (
     failure_from_exception,
     restore_error,
     store_lost_failure,
+    timeout_failure,
 )
 from serialized_restore._placement import RankPlacement
 
@@ -102,6 +103,19 @@ def test_a_failure_is_one_line_of_the_message_and_keeps_its_traceback_in_the_rec
         f"Serialized restore of checkpoint {REMOTE!r} failed on rank(s) 3 in stage {STAGE!r} (node 0, local rank 3):"
         " ValueError: bad state"
     )
+
+
+def test_a_timeout_names_the_likely_cause_of_its_stage():
+    """A turn past the timeout says what its stage was doing: a download of a remote checkpoint is slower than the
+    timeout (raise it), a reading turn may be stuck in a collective; both name the setting and its value."""
+    observer = RankPlacement(1, 2, 0, 1, 2)
+    fetch = timeout_failure(observer, "fetch checkpoint", 0, 30)
+    read = timeout_failure(observer, STAGE, 0, 30)
+    assert (fetch.global_rank, fetch.local_rank, fetch.kind, fetch.reported_by) == (0, 0, FailureKind.TIMEOUT, 1)
+    assert "did not finish downloading the checkpoint" in fetch.message and "collective" not in fetch.message
+    assert "collective" in read.message and "downloading" not in read.message
+    for failure in (fetch, read):
+        assert "`SerializedLoading(turn_timeout=...)` (seconds, now 30)" in failure.message, failure.message
 
 
 def test_store_lost_names_rank_zero_and_the_cause(monkeypatch):
