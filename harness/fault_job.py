@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.models import dataloader, make_callback_class, make_model_class  # noqa: E402
+from harness.models import dataloader, fabric_training, make_callback_class, make_model_class  # noqa: E402
 from harness.processes import end_process_group  # noqa: E402
 from harness.trainers import quiet_cpu_trainer_kwargs  # noqa: E402
 
@@ -245,24 +245,8 @@ def run_fabric(config: dict[str, Any], events: Events) -> None:
     fabric = fabric_class(impl)(**kwargs)
     fabric.launch()
     rank = fabric.global_rank
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    model, optimizer = fabric.setup(model, optimizer)
     counter = Counter(config, events, rank)
-    generator = torch.Generator().manual_seed(1234 + rank)
-    data = [(torch.randn(8, WIDTH, generator=generator), torch.randn(8, 1, generator=generator)) for _ in range(8)]
-
-    def train(steps: int, start: int) -> None:
-        for step in range(start, start + steps):
-            x, y = data[step % len(data)]
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            fabric.backward(loss)
-            optimizer.step()
-            scheduler.step()
-            counter.seen = counter.seen + 1
+    model, optimizer, scheduler, train = fabric_training(fabric, counter, WIDTH)
 
     def state_now(step: int) -> dict[str, Any]:
         return tensors_cloned(

@@ -158,6 +158,30 @@ def dataloader(batch_size: int = 8) -> DataLoader:
     return DataLoader(make_data(), batch_size=batch_size, shuffle=False)
 
 
+def fabric_training(fabric: Any, counter: Any, width: int = 32) -> tuple[Any, Any, Any, Any]:
+    """The Fabric jobs' model, Adam and StepLR, set up by ``fabric`` (seeded alike on every rank), and
+    ``train(steps, start)``, which steps through the rank's own data and counts each step in ``counter.seen``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    model, optimizer = fabric.setup(model, optimizer)
+    generator = torch.Generator().manual_seed(1234 + fabric.global_rank)
+    data = [(torch.randn(8, width, generator=generator), torch.randn(8, 1, generator=generator)) for _ in range(8)]
+
+    def train(steps: int, start: int) -> None:
+        for step in range(start, start + steps):
+            x, y = data[step % len(data)]
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            fabric.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            counter.seen = counter.seen + 1
+
+    return model, optimizer, scheduler, train
+
+
 class TurnLog(logging.Handler):
     """Keeps this rank's serialized-restore log lines with their timestamps."""
 

@@ -95,8 +95,7 @@ class _SerializedCheckpointConnectorMixin:
             if plan.fetch:
                 plan.read_from(self._fetch(restore, plan))
             schedule = plan.schedule(in_turns=True)
-            ordered = plan.in_turns(STAGE_MODULES, plan.reader != "mmap", plan.reads_why())
-            with schedule.turn(STAGE_MODULES, ordered=ordered, logged=True) as record:
+            with schedule.turn(STAGE_MODULES, ordered=plan.reads_in_turns(STAGE_MODULES), logged=True) as record:
                 self._restore_modules(restore, plan)
                 if restore.loaded is not None:
                     record.bytes_read, record.reader = restore.loaded.bytes_read, restore.loaded.reader

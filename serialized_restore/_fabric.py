@@ -108,8 +108,7 @@ class SerializedFabricMixin:
         plan's reader; then, every rank at once, copy what the rank keeps out of the mapping."""
         strategy, path = self._strategy, plan.checkpoint_path
         schedule = plan.schedule(in_turns=True)
-        ordered = plan.in_turns(STAGE_LOAD, plan.reader != "mmap", plan.reads_why())
-        with schedule.turn(STAGE_LOAD, ordered=ordered, logged=True) as record:
+        with schedule.turn(STAGE_LOAD, ordered=plan.reads_in_turns(STAGE_LOAD), logged=True) as record:
             loaded = read_checkpoint(
                 strategy, path, kwargs.get("weights_only"), plan.reader, plan.reason, plan.log,
                 read_eagerly=strategy.checkpoint_io.load_checkpoint, fabric=True,

@@ -133,11 +133,14 @@ class RestorePlan:
             self.log.info(f"serialized restore: {stage!r} {how}")
         return ordered
 
-    def reads_why(self) -> str:
-        """Why stage 1 does or does not bound memory with turns: how it reads the file."""
+    def reads_in_turns(self, stage: str) -> bool:
+        """(all ranks) :meth:`in_turns` for the ``stage`` that reads the file: a read into memory bounds memory with
+        turns; a memory-mapped one allocates only what a rank keeps."""
         if self.reader == "mmap":
-            return "the checkpoint is memory-mapped, so a rank allocates only what it keeps"
-        return "the checkpoint is read into memory" + (f" ({self.reason})" if self.reason else "")
+            why = "the checkpoint is memory-mapped, so a rank allocates only what it keeps"
+        else:
+            why = "the checkpoint is read into memory" + (f" ({self.reason})" if self.reason else "")
+        return self.in_turns(stage, self.reader != "mmap", why)
 
     def read_from(self, source: Any) -> None:
         """(all ranks) Read ``source``, the checkpoint or its node-local copy, with the reader the settings and the

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.models import TurnLog, make_fabric_cpu_fsdp_class  # noqa: E402
+from harness.models import TurnLog, fabric_training, make_fabric_cpu_fsdp_class  # noqa: E402
 from harness.processes import end_finished_rank, file_mappings, in_mappings  # noqa: E402
 
 
@@ -160,25 +160,8 @@ def _error(err: BaseException, started: float) -> dict[str, Any]:
 
 
 def _run(fabric: Any, config: dict[str, Any]) -> dict[str, Any]:
-    torch.manual_seed(0)
-    width = 32
-    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    model, optimizer = fabric.setup(model, optimizer)
     counter = _Counter()
-    generator = torch.Generator().manual_seed(1234 + fabric.global_rank)
-    data = [(torch.randn(8, width, generator=generator), torch.randn(8, 1, generator=generator)) for _ in range(8)]
-
-    def train(steps: int, start: int) -> None:
-        for step in range(start, start + steps):
-            x, y = data[step % len(data)]
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            fabric.backward(loss)
-            optimizer.step()
-            scheduler.step()
-            counter.seen = counter.seen + 1
+    model, optimizer, scheduler, train = fabric_training(fabric, counter)
 
     action = config["action"]
     result: dict[str, Any] = {}
