@@ -24,9 +24,10 @@ from serialized_restore._readers import (
     storages_of,
     wait_for_device_copies,
 )
-from serialized_restore._remote import STAGE_CHECK, STAGE_FETCH, NodeLocalCopy
+from serialized_restore._remote import STAGE_CHECK, NodeLocalCopy
 from serialized_restore._turns import TurnSchedule
 
+STAGE_FETCH = "fetch checkpoint"
 STAGE_MODULES = "restore modules and callbacks"
 STAGE_TRAINING_STATE = "restore training state"
 
@@ -112,7 +113,13 @@ class _SerializedCheckpointConnectorMixin:
         if self.trainer.local_rank == 0:
             # last resort for a job that dies between the stages: the copy never outlives the process
             atexit.register(copy.remove)
-        decision = schedule.on_one_rank(STAGE_FETCH, copy.fetch, central=self.trainer.local_rank == 0, per_node=True)
+        decision = schedule.on_one_rank(
+            STAGE_FETCH,
+            copy.fetch,
+            central=self.trainer.local_rank == 0,
+            per_node=True,
+            doing="downloading the checkpoint",
+        )
         with schedule.turn(STAGE_CHECK):
             copy.adopt(decision or "")
         return copy.path

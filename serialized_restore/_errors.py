@@ -223,16 +223,16 @@ def verdict_failures(stage: str, verdict: str) -> list[RankFailure]:
         return [RankFailure.malformed(stage, verdict, err)]
 
 
-def timeout_failure(observer: RankPlacement, stage: str, local: int, turn_timeout: float) -> RankFailure:
-    """Local rank ``local`` of ``observer``'s node did not end its turn within the turn timeout."""
-    from serialized_restore._remote import STAGE_FETCH  # here: it imports torch (see failure_from_exception)
-
-    if stage == STAGE_FETCH:
+def timeout_failure(
+    observer: RankPlacement, stage: str, local: int, turn_timeout: float, doing: str | None = None
+) -> RankFailure:
+    """Local rank ``local`` of ``observer``'s node did not end its turn within the turn timeout; ``doing``: what the
+    turn does, where it is most likely just slow at it (a download)."""
+    if doing is not None:
         message = (
-            f"did not finish downloading the checkpoint within the turn timeout, {TURN_TIMEOUT_SETTING} (seconds, now"
-            f" {turn_timeout:g}), counted from when it could start: the download takes longer than that (raise the"
-            " timeout above the download's time for a large remote checkpoint or a slow link), or its process"
-            " stopped or ended."
+            f"did not finish {doing} within the turn timeout, {TURN_TIMEOUT_SETTING} (seconds, now {turn_timeout:g}),"
+            " counted from when it could start: it takes longer than that (raise the timeout above the time it needs),"
+            " or its process stopped or ended."
         )
     else:
         message = (

@@ -15,8 +15,6 @@ from serialized_restore._memory import format_bytes
 from serialized_restore._options import TMPDIR_SETTING
 from serialized_restore._readers import local_path
 
-# local rank 0 of each node downloads the file, the node's other ranks at once waiting for it
-STAGE_FETCH = "fetch checkpoint"
 # the round of turns after the fetch in which every rank checks the path it was given (a refusal ends all ranks)
 STAGE_CHECK = "check local copy"
 

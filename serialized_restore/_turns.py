@@ -54,8 +54,8 @@ class _Stage:
     """One stage's keys. ``verdict`` is decided once (``compare_set``: ``ended`` by the rank whose end completes
     ``done``, else the first failure's record) and copied to ``closed``, the key ranks wait on."""
 
-    def __init__(self, prefix: str, stage: str, p: RankPlacement, k: int) -> None:
-        self.name, self.k = stage, k
+    def __init__(self, prefix: str, stage: str, p: RankPlacement, k: int, doing: str | None = None) -> None:
+        self.name, self.k, self.doing = stage, k, doing
         self._p = f"{prefix}{stage.replace(' ', '_')}/"
         self.done, self.verdict, self.closed = self._p + "done", self._p + "verdict", self._p + "closed"
         self.reads, self.all_read = self._p + "reads", self._p + "all_read"
@@ -101,21 +101,29 @@ class TurnSchedule:
             return self._get(key, 0.001)
         return None
 
-    def turn(self, stage: str, *, ordered: bool = True, logged: bool | None = None) -> _Turn:
+    def turn(self, stage: str, *, ordered: bool = True, logged: bool | None = None, doing: str | None = None) -> _Turn:
         """(all ranks) Run the ``with`` block as this rank's turn of ``stage``; ``ordered=False``: every rank at once.
-        ``logged`` (default: ``ordered``): the rank logs its turn's start and end."""
+        ``logged`` (default: ``ordered``): the rank logs its turn's start and end. ``doing``: what a turn does, where
+        a turn past the timeout is most likely just slow at it (``"downloading the checkpoint"``), for its error."""
         k = self.max_concurrent if ordered else self.placement.local_world_size
         logged = (ordered if logged is None else logged) and self.log.isEnabledFor(logging.INFO)
-        return _Turn(self, _Stage(self._prefix, stage, self.placement, k), ordered, logged)
+        return _Turn(self, _Stage(self._prefix, stage, self.placement, k, doing), ordered, logged)
 
     def on_one_rank(
-        self, stage: str, compute: Callable[[], str | None], *, central: bool, per_node: bool = False
+        self,
+        stage: str,
+        compute: Callable[[], str | None],
+        *,
+        central: bool,
+        per_node: bool = False,
+        doing: str | None = None,
     ) -> str | None:
         """(all ranks) ``compute()`` on the ``central`` rank (of the job, or of each node) in its turn of ``stage``
-        (all ranks at once); its result (text, never evaluated) on every rank, or the same error on every rank."""
+        (all ranks at once; ``doing`` as for :meth:`turn`); its result (text, never evaluated) on every rank, or the
+        same error on every rank."""
         value: str | None = None
         key = f"{self._prefix}{stage.replace(' ', '_')}/decision/{self.placement.node_rank if per_node else -1}"
-        with self.turn(stage, ordered=False):
+        with self.turn(stage, ordered=False, doing=doing):
             if central:
                 value = compute()
                 if self._store is not None:
@@ -140,7 +148,9 @@ class TurnSchedule:
                 self._raise_verdict(keys, self._post(keys, stalled_failure(p, keys.name, waited, bound, timeout)))
         value = self._get(keys.wake(p.node_rank, p.local_rank), timeout)
         if value is None:
-            self._raise_verdict(keys, self._post(keys, timeout_failure(p, keys.name, ahead, self.turn_timeout)))
+            self._raise_verdict(
+                keys, self._post(keys, timeout_failure(p, keys.name, ahead, self.turn_timeout, keys.doing))
+            )
         elif value != GO:
             self._raise_verdict(keys, self._get(keys.closed, math.inf) or "")
 
@@ -158,7 +168,7 @@ class TurnSchedule:
             self._call("set", keys.closed, verdict)
         else:
             if behind < lws <= behind + k and self._get(keys.wake(p.node_rank, behind + k), self.turn_timeout) is None:
-                self._post(keys, timeout_failure(p, keys.name, behind, self.turn_timeout))
+                self._post(keys, timeout_failure(p, keys.name, behind, self.turn_timeout, keys.doing))
             # a turn more than the chain needs where turns have timers (no stage of all ranks at once waits longer)
             bound = self.turn_timeout * (math.ceil(lws / k) + (k < lws))
             closed = self._get(keys.closed, bound - (time.monotonic() - arrived))
@@ -174,7 +184,7 @@ class TurnSchedule:
         p, k, lws = self.placement, keys.k, self.placement.local_world_size
         missing = self._not_ended_on_node(keys) if k >= lws else []
         if missing:
-            return self._post(keys, timeout_failure(p, keys.name, missing[0], self.turn_timeout))
+            return self._post(keys, timeout_failure(p, keys.name, missing[0], self.turn_timeout, keys.doing))
         if k >= lws and p.nodes > 1 and (closed := self._get(keys.closed, _ANSWER)) is not None:
             return closed
         ended = f"every rank to end the stage ({self._call('add', keys.done, 0)} of {p.world_size} ranks had)"

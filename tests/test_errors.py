@@ -109,7 +109,7 @@ def test_a_timeout_names_the_likely_cause_of_its_stage():
     """A turn past the timeout says what its stage was doing: a download of a remote checkpoint is slower than the
     timeout (raise it), a reading turn may be stuck in a collective; both name the setting and its value."""
     observer = RankPlacement(1, 2, 0, 1, 2)
-    fetch = timeout_failure(observer, "fetch checkpoint", 0, 30)
+    fetch = timeout_failure(observer, "fetch checkpoint", 0, 30, "downloading the checkpoint")
     read = timeout_failure(observer, STAGE, 0, 30)
     assert (fetch.global_rank, fetch.local_rank, fetch.kind, fetch.reported_by) == (0, 0, FailureKind.TIMEOUT, 1)
     assert "did not finish downloading the checkpoint" in fetch.message and "collective" not in fetch.message

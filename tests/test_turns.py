@@ -163,7 +163,9 @@ def _rank_main(rank: int, world: int, out: str, scenario: dict[str, Any]) -> Non
                     _misbehave(decide[str(rank)], rank, out_dir)
                 return json.dumps({"decided_by": rank})
 
-            value = schedule.on_one_rank("plan restore", _decision, central=rank % lws == 0, per_node=True)
+            value = schedule.on_one_rank(
+                "plan restore", _decision, central=rank % lws == 0, per_node=True, doing=scenario.get("doing")
+            )
             outcome["decision"] = json.loads(value or "null")
         for stage in STAGES[: scenario.get("stages", 1)]:
             with schedule.turn(stage) as record:
@@ -520,6 +522,18 @@ def test_a_rank_killed_in_a_stage_of_all_at_once_ends_every_wait_at_the_turn_tim
         assert outcome["kinds"] == ["timeout"] and "plan restore" in outcome["error"], (rank, outcome)
         assert outcome["failed_ranks"] == [2] and "did not end its turn" in outcome["error"], outcome["error"]
         assert 2.5 < outcome["ended"] - result["fault"]["at"] < 5.5, (rank, outcome["ended"] - result["fault"]["at"])
+
+
+@pytest.mark.timeout(60)
+def test_a_stage_slow_at_what_it_does_is_named_by_it(tmp_path):
+    """A stage that says what it does (as the remote checkpoint's download does): local rank 0 is still at it when the
+    turn timeout passes; both ranks raise naming it, with what it did not finish."""
+    scenario = {"local_world_size": 2, "decide": {"0": "sleep:5"}, "turn_timeout": 2.0, "doing": "downloading it"}
+    result = _run(tmp_path, 2, scenario, timeout=40)
+    assert not result["hung"] and sorted(result["ranks"]) == [0, 1], result
+    for rank, outcome in result["ranks"].items():
+        assert outcome["kinds"] == ["timeout"] and outcome["failed_ranks"] == [0], (rank, outcome)
+        assert "did not finish downloading it within the turn timeout" in outcome["error"], outcome["error"]
 
 
 @pytest.mark.timeout(60)
