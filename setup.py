@@ -8,7 +8,7 @@ from setuptools.command.editable_wheel import editable_wheel
 
 here = Path(__file__).parent
 PTH = "serialized_restore.pth"
-LIGHTNING = ">=2.4,<2.7"  # as serialized_restore/_compat.py's SUPPORTED
+LIGHTNING = ">=2.4,<2.7"  # as serialized_restore/_lightning/versions.py's SUPPORTED_RANGE
 version = {}
 for line in (here / "serialized_restore" / "__init__.py").read_text().splitlines():
     if line.startswith("__version__"):
@@ -26,7 +26,7 @@ def long_description() -> str:
 class build_py_with_pth(build_py):
     """Also puts ``serialized_restore.pth`` at the top of the wheel, where site-packages' ``.pth`` files go: Python
     runs its one line at every start, which, only when ``SERIALIZED_RESTORE`` is set, puts the launcher's bootstrap
-    first on the path, so that the variable alone switches the option on (see ``serialized_restore/_launch.py``)."""
+    first on the path, so that the variable alone switches the option on (``serialized_restore/_launcher/hook.py``)."""
 
     def run(self) -> None:
         super().run()
@@ -55,16 +55,16 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["serialized_restore", "serialized_restore.*"]),
     package_data={"serialized_restore": ["py.typed", "_bootstrap/sitecustomize.py"]},
-    entry_points={"console_scripts": ["serialized-restore = serialized_restore._launch:main"]},
+    entry_points={"console_scripts": ["serialized-restore = serialized_restore._launcher.cli:main"]},
     cmdclass={"build_py": build_py_with_pth, "editable_wheel": editable_wheel_with_pth},
     # Lightning 2.6 needs Python >= 3.10; CI tests Python 3.11 (requirements/ci.txt)
     python_requires=">=3.10",
-    # Supported: Lightning 2.4, 2.5 and 2.6 (serialized_restore/_compat.py's SUPPORTED, which Trainer(...) and
-    # Fabric(...) check), both the `pytorch-lightning` and the unified `lightning` distribution. CI runs the suite on
-    # 2.6.6 and a core subset on 2.4.0, 2.5.6 and Lightning's master (scripts/lightning_matrix.sh).
+    # Supported: Lightning 2.4, 2.5 and 2.6 (serialized_restore/_lightning/versions.py's SUPPORTED, which Trainer(...)
+    # and Fabric(...) check), both the `pytorch-lightning` and the unified `lightning` distribution. CI runs the suite
+    # on 2.6.6 and a core subset on 2.4.0, 2.5.6 and Lightning's master (scripts/lightning_matrix.sh).
     # Lightning comes with an extra, so that users of one distribution do not get the other too: `[lightning]` for
     # `import lightning`, `[pytorch-lightning]` for `import pytorch_lightning` / `lightning_fabric`; a module of the
-    # package whose Lightning is missing says which to install (serialized_restore/_flavour.py)
+    # package whose Lightning is missing says which to install (serialized_restore/_lightning/versions.py)
     install_requires=["torch>=2.1", "packaging", "fsspec"],
     extras_require={
         "lightning": [f"lightning{LIGHTNING}"],

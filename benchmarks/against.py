@@ -1,4 +1,4 @@
-"""Each restore the benchmark measures against the hardware's floor, and against what ``serialized-restore plan``
+"""Each restore the benchmark measures against the hardware's floor, and against what ``serialized-restore forecast``
 predicted for it."""
 
 from __future__ import annotations
@@ -8,22 +8,23 @@ from typing import Any
 from benchmarks.modes import BASELINES
 
 FLOOR_MODES = ("upstream", "ours-true", "ours-1")  # upstream, and the add-on with True and with k = 1
-PREDICTED = ("upstream", "ours-true")  # the modes `serialized-restore plan` predicts: upstream's and True's
+PREDICTED = ("upstream", "ours-true")  # the modes `serialized-restore forecast` predicts: upstream's and True's
 
 
-def _plan(checkpoint: dict[str, Any], devices: int, entry: str) -> Any:
-    """``serialized-restore plan``'s prediction for this checkpoint (read from its tensor table), or ``None`` where
-    the file is not at hand (a report rebuilt elsewhere)."""
-    from serialized_restore._preflight import NotPlannable, predict, read_table
+def _forecast(checkpoint: dict[str, Any], devices: int, entry: str) -> Any:
+    """``serialized-restore forecast``'s prediction for this checkpoint (read from its tensor table), or ``None``
+    where the file is not at hand (a report rebuilt elsewhere)."""
+    from serialized_restore.forecast import CannotForecast, predict, read_table
 
     try:
         return predict(read_table(checkpoint["path"]), devices, 1, entry, "ddp")
-    except (OSError, NotPlannable):
+    except (OSError, CannotForecast):
         return None
 
 
 def prediction_section(recs: list[dict[str, Any]]) -> list[str]:
-    """What ``serialized-restore plan`` predicted against what was measured, upstream's and True's, every size and N."""
+    """What ``serialized-restore forecast`` predicted against what was measured, upstream's and True's, every size
+    and N."""
     from benchmarks.report import _num, _section, _size, _table  # the page's own formats
 
     rows, worst = [], {}
@@ -40,22 +41,25 @@ def prediction_section(recs: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     text = (
-        "`serialized-restore plan CHECKPOINT --devices N --entry ENTRY` (its model: `serialized_restore/_preflight.py`)"
+        "`serialized-restore forecast CHECKPOINT --devices N --entry ENTRY` (its model: [forecast.md](forecast.md))"
         " against the measured headline (fit: net; validate: raw), in x S; the relative error where the figure is"
         " 0.1 x S or more (below, a few MiB of fixed costs per rank are a large share of it)."
     )
     summary = "Worst case: " + "; ".join(f"`{m}` {e:+.2f} x S ({w})" for m, (e, w) in worst.items()) + "."
     header = "model, S | N | entry | mode | predicted (x S) | measured (x S) | error (x S) | relative"
-    return _section("Predicted by `serialized-restore plan`", text, _table(header, rows), summary)
+    return _section("Predicted by `serialized-restore forecast`", text, _table(header, rows), summary)
 
 
 def annotate(rec: dict[str, Any], checkpoint: dict[str, Any]) -> None:
-    """Add to a record of a predicted mode what ``serialized-restore plan`` predicted for it (``None`` otherwise)."""
+    """Add to a record of a predicted mode what ``serialized-restore forecast`` predicted for it (``None``
+    otherwise)."""
     rec.update(predicted_bytes=None, predicted_x_s=None)
     if rec["mode"] in PREDICTED and rec["entry"] in ("fit", "validate") and rec["mode"] not in BASELINES:
-        plan = _plan(checkpoint, rec["devices"], rec["entry"])
-        if plan is not None:
-            rec["predicted_bytes"] = plan.added(plan.upstream if rec["mode"] == "upstream" else plan.serialized)
+        forecast = _forecast(checkpoint, rec["devices"], rec["entry"])
+        if forecast is not None:
+            rec["predicted_bytes"] = forecast.added(
+                forecast.upstream if rec["mode"] == "upstream" else forecast.serialized
+            )
             rec["predicted_x_s"] = rec["predicted_bytes"] / checkpoint["size_bytes"]
 
 

@@ -41,8 +41,8 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from serialized_restore import CheckpointRestoreError
-from serialized_restore._placement import RankPlacement
-from serialized_restore._turns import TurnSchedule
+from serialized_restore._coordination.placement import RankPlacement
+from serialized_restore._coordination.turns import TurnSchedule
 
 HOST, STAGE, GO_KEY, TIMEOUT = "127.0.0.1", "restore modules and callbacks", "scale/go", datetime.timedelta(seconds=60)
 QUIET = logging.Logger("serialized_restore.scale", logging.WARNING)  # the ranks' per-turn INFO lines are dropped
@@ -101,7 +101,7 @@ def _rank(g: int, cfg: Config, port: int, ready: threading.Barrier, go: threadin
     try:
         place = RankPlacement(g, cfg.ranks, *divmod(g, cfg.ranks_per_node), cfg.ranks_per_node)
         store = _CountingStore(_client(port), counts)
-        sched = TurnSchedule(store=store, placement=place, max_concurrent=cfg.k, **SCHEDULE)
+        sched = TurnSchedule(store=store, placement=place, **SCHEDULE)
     except Exception as err:
         out[g] = {"outcome": "unexpected", "message": f"connecting: {err!r}"}
         return
@@ -110,7 +110,7 @@ def _rank(g: int, cfg: Config, port: int, ready: threading.Barrier, go: threadin
     go.wait()
     rec: dict[str, Any] = {"released": time.monotonic(), "cpu": time.thread_time()}
     try:
-        with sched.turn(STAGE):
+        with sched.turn(STAGE, k=cfg.k):
             rec["start"] = time.monotonic()
             if g == cfg.fail_rank:
                 raise ValueError(f"simulated failure in the turn of rank {g}")

@@ -183,14 +183,19 @@ def fabric_training(fabric: Any, counter: Any, width: int = 32) -> tuple[Any, An
 
 
 class TurnLog(logging.Handler):
-    """Keeps this rank's serialized-restore log lines with their timestamps."""
+    """Keeps this rank's serialized-restore log lines with their timestamps (``lines``), and the record each turn's
+    line carries (``turns``: its fields and ``created``), for checks that must not depend on the lines' wording."""
 
     def __init__(self) -> None:
         super().__init__(level=logging.DEBUG)
         self.lines: list[tuple[float, str]] = []
+        self.turns: list[dict[str, Any]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append((record.created, record.getMessage()))
+        turn = getattr(record, "turn", None)
+        if isinstance(turn, dict):
+            self.turns.append({**turn, "created": record.created})
 
 
 def local_optimizer(optimizer: Any) -> Any:
@@ -272,6 +277,7 @@ def make_writer_class(flavour: str) -> type:
                 "callback_records": self.recorder.records,
                 "callback_batches_seen": self.recorder.batches_seen,
                 "turn_log": self.turn_log.lines if self.turn_log else [],
+                "turns": self.turn_log.turns if self.turn_log else [],
                 "stage2_view": getattr(trainer.precision_plugin, "stage2_view", {}),
                 "ckpt_path": trainer.ckpt_path,
             }
@@ -280,7 +286,7 @@ def make_writer_class(flavour: str) -> type:
             if hasattr(trainer.precision_plugin, "stage2_view"):
                 trainer.precision_plugin.stage2_view = {}
             if self.turn_log is not None:
-                self.turn_log.lines = []
+                self.turn_log.lines, self.turn_log.turns = [], []
             self.history.append(result)
             torch.save({**result, "history": self.history}, Path(self.config["out"]) / f"rank{trainer.global_rank}.pt")
 

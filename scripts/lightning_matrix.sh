@@ -28,7 +28,7 @@ TESTS=(
   "tests/test_failures.py::test_an_exception_on_one_rank_is_raised_on_every_rank"
   "tests/test_fabric.py::test_load_equals_upstream_and_keeps_nothing_backed_by_the_file"
   tests/test_private_names.py
-  tests/test_compat.py
+  tests/test_versions.py
 )
 
 step() { printf '\n== lightning matrix: %s (%ds)\n' "$1" "$((SECONDS - started))"; }

@@ -7,9 +7,9 @@
 
 from typing import Any
 
-from serialized_restore._compat import UnsupportedLightningError
-from serialized_restore._errors import CheckpointRestoreError, RankFailure
-from serialized_restore._options import SerializedLoading
+from serialized_restore._coordination.failures import CheckpointRestoreError, RankFailure
+from serialized_restore._lightning.versions import UnsupportedLightningError
+from serialized_restore.settings import SerializedLoading
 
 __version__ = "0.1.0"
 

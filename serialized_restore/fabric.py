@@ -4,14 +4,14 @@
 users of the unified package (``import lightning.fabric``) take ``from serialized_restore.lightning import Fabric``.
 """
 
-from serialized_restore._flavour import missing_lightning
+from serialized_restore._lightning.versions import missing_lightning
 
 try:
     from lightning_fabric import Fabric as _Fabric
 except ModuleNotFoundError as err:
     raise missing_lightning(err, "lightning_fabric", "pytorch-lightning") from None
 
-from serialized_restore._fabric import SerializedFabricMixin
+from serialized_restore._lightning.fabric import SerializedFabricMixin
 
 
 class Fabric(SerializedFabricMixin, _Fabric):

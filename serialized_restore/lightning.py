@@ -1,6 +1,6 @@
 """``serialized_restore`` for users of the unified package: ``import lightning.pytorch`` and ``lightning.fabric``."""
 
-from serialized_restore._flavour import missing_lightning
+from serialized_restore._lightning.versions import missing_lightning
 
 try:
     from lightning.fabric import Fabric as _Fabric
@@ -9,12 +9,12 @@ try:
 except ModuleNotFoundError as err:
     raise missing_lightning(err, "lightning", "lightning") from None
 
-from serialized_restore._connector import _SerializedCheckpointConnectorMixin
-from serialized_restore._fabric import SerializedFabricMixin
-from serialized_restore._trainer import SerializedRestoreTrainerMixin
+from serialized_restore._lightning.connector import SerializedCheckpointConnectorMixin
+from serialized_restore._lightning.fabric import SerializedFabricMixin
+from serialized_restore._lightning.trainer import SerializedRestoreTrainerMixin
 
 
-class _SerializedCheckpointConnector(_SerializedCheckpointConnectorMixin, _CheckpointConnector):
+class _SerializedCheckpointConnector(SerializedCheckpointConnectorMixin, _CheckpointConnector):
     pass
 
 

@@ -1,6 +1,6 @@
 """``serialized_restore`` for users of the standalone package: ``import pytorch_lightning``."""
 
-from serialized_restore._flavour import missing_lightning
+from serialized_restore._lightning.versions import missing_lightning
 
 try:
     from pytorch_lightning import Trainer as _Trainer
@@ -8,11 +8,11 @@ try:
 except ModuleNotFoundError as err:
     raise missing_lightning(err, "pytorch_lightning", "pytorch-lightning") from None
 
-from serialized_restore._connector import _SerializedCheckpointConnectorMixin
-from serialized_restore._trainer import SerializedRestoreTrainerMixin
+from serialized_restore._lightning.connector import SerializedCheckpointConnectorMixin
+from serialized_restore._lightning.trainer import SerializedRestoreTrainerMixin
 
 
-class _SerializedCheckpointConnector(_SerializedCheckpointConnectorMixin, _CheckpointConnector):
+class _SerializedCheckpointConnector(SerializedCheckpointConnectorMixin, _CheckpointConnector):
     pass
 
 

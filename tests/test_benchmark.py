@@ -18,6 +18,8 @@ from benchmarks import restore_benchmark
 from benchmarks.modes import BASELINES, MODES, baseline_of
 from harness.processes import REPO, job_env
 
+pytestmark = pytest.mark.tooling  # a tool of the project's, not the package's behaviour
+
 
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     # the checkout first on the path, then the tests' start-up folder (tests/helpers/site), as for the tests' jobs

@@ -139,8 +139,9 @@ def test_one_rank_per_node_resumes_exactly(
 
 
 class _RecordingCuda:
-    """Stands in for ``torch.cuda`` inside ``serialized_restore._readers`` only: CUDA initialised, and every wait on
-    the current stream recorded with whether the checkpoint file was still mapped into the process at that moment."""
+    """Stands in for ``torch.cuda`` inside ``serialized_restore._restore.mapping`` only: CUDA initialised, and every
+    wait on the current stream recorded with whether the checkpoint file was still mapped into the process at that
+    moment."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -178,7 +179,8 @@ def test_device_copies_are_waited_for_before_the_checkpoint_is_dropped(
     from harness.models import dataloader, make_model_class
     from harness.processes import file_mappings
     from harness.trainers import quiet_cpu_trainer_kwargs
-    from serialized_restore import Trainer, _readers
+    from serialized_restore import Trainer
+    from serialized_restore._restore import mapping
 
     ckpt = tmp_path / "epoch1.ckpt"
     ckpt.write_bytes(Path(reference["ckpt"]).read_bytes())
@@ -186,7 +188,7 @@ def test_device_copies_are_waited_for_before_the_checkpoint_is_dropped(
     torch_with_cuda = types.ModuleType("torch")
     torch_with_cuda.__getattr__ = lambda name: getattr(torch, name)  # type: ignore[method-assign]
     torch_with_cuda.cuda = cuda  # type: ignore[attr-defined]
-    monkeypatch.setattr(_readers, "torch", torch_with_cuda)
+    monkeypatch.setattr(mapping, "torch", torch_with_cuda)
     mapped_after: list[bool] = []
 
     class MappedAfterRestore(pl.Callback):

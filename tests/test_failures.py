@@ -504,8 +504,7 @@ def test_bad_input_is_refused_on_every_rank(tmp_path, trained_checkpoint):
 
 
 @pytest.mark.timeout(200)
-# a missing file (upstream's own FileNotFoundError, passed through): `test_bad_input_is_refused_on_every_rank`
-@pytest.mark.parametrize(("bad", "world"), [("rank raising", 2), ("random bytes", 2), ("truncated", 2)])
+@pytest.mark.parametrize(("bad", "world"), [("missing", 2), ("rank raising", 2), ("random bytes", 2), ("truncated", 2)])
 def test_a_failed_restore_prints_no_more_than_upstream(tmp_path, trained_checkpoint, bad, world):
     """A job whose resume fails, nothing caught (``benchmarks/failure_output.py`` has every case at 2 and 4 ranks):
     the add-on's output has no more lines than upstream's for the same failure, in the same run; each rank's log

@@ -121,7 +121,7 @@ def test_freed_memory_is_handed_back_where_the_allocator_can() -> None:
     """``malloc_trim`` is found under glibc (the FSDP path calls it after each unit) and is a no-op elsewhere."""
     import platform
 
-    from serialized_restore._fsdp import _malloc_trim, release_freed_memory
+    from serialized_restore._restore.fsdp import _malloc_trim, release_freed_memory
 
     release_freed_memory()
     if platform.libc_ver()[0] == "glibc":

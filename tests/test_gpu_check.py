@@ -17,6 +17,8 @@ import pytest
 from benchmarks import gpu_check
 from harness.processes import REPO, job_env
 
+pytestmark = pytest.mark.tooling  # a tool of the project's, not the package's behaviour
+
 # S = 138 MiB: large enough that 0.1 x S is well above the few MiB a job's memory varies by, small enough for 2 cores
 PARAMS = "12000000"
 

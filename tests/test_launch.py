@@ -263,5 +263,17 @@ def test_the_launcher_starts_the_program_without_importing_torch(tmp_path: Path)
     imports them itself): starting under the launcher costs no import twice."""
     output = _run([sys.executable, "-X", "importtime", *LAUNCHER[1:], "--", sys.executable, "-c", "pass"], tmp_path)
     imported = {line.split("|")[-1].strip() for line in output.splitlines() if line.startswith("import time:")}
-    assert "serialized_restore._launch" in imported, output[-3000:]
+    assert "serialized_restore._launcher.cli" in imported, output[-3000:]
     assert not {name for name in imported if name.split(".")[0] in ("torch", "lightning", "pytorch_lightning")}
+
+
+def test_the_bootstrap_names_what_the_package_names() -> None:
+    """The start-up hook imports nothing of the package before Lightning runs, so it spells the variable, its own
+    directory and the modules it watches itself: each as the package spells it."""
+    from serialized_restore._launcher import hook
+
+    bootstrap = runpy.run_path(str(Path(hook.BOOTSTRAP) / "sitecustomize.py"), run_name="not_sitecustomize")
+    assert bootstrap["_VARIABLE"] == hook.VARIABLE
+    assert bootstrap["_WATCHED"] == set(hook.OURS) | set(hook.OURS.values())
+    assert os.path.realpath(bootstrap["_HERE"]) == os.path.realpath(hook.BOOTSTRAP) == str(PTH.parent)
+    assert f'"{hook.VARIABLE}"' in PTH.read_text() and PTH.name == hook.PTH

@@ -28,7 +28,7 @@ import torch
 from tests.helpers import launch
 
 PARITY_JOB = Path(__file__).with_name("helpers") / "parity_job.py"
-OURS_ERROR = "serialized_restore._errors:CheckpointRestoreError["
+OURS_ERROR = "serialized_restore:CheckpointRestoreError["
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -195,8 +195,8 @@ def _assert_users_error_is_caught_as_its_type_on_every_rank(on: dict[tuple[int, 
         if rank == 1:
             assert error["mro"][0] == "__main__:ParityError" and error["cause"] is None, error
             continue
-        assert error["mro"][:2] == ["serialized_restore._errors:CheckpointRestoreError[ParityError]"] + [
-            "serialized_restore._errors:CheckpointRestoreError"
+        assert error["mro"][:2] == ["serialized_restore:CheckpointRestoreError[ParityError]"] + [
+            "serialized_restore:CheckpointRestoreError"
         ], (rank, error["mro"])
         assert "failed on rank(s) 1 in stage 'restore modules and callbacks'" in error["message"], rank
         assert error["cause"] is None, rank

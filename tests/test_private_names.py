@@ -9,7 +9,7 @@ import inspect
 import pytest
 import torch.distributed as dist
 
-from serialized_restore._flavour import Flavour, LightningNames, declared_names
+from serialized_restore._lightning.names import Flavour, LightningNames, declared_names
 
 # (class, method, the parameters the package passes or relies on): what it overrides or calls
 CONNECTOR_METHODS = [

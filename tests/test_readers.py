@@ -12,13 +12,7 @@ import torch
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 from pytorch_lightning.strategies import SingleDeviceStrategy
 
-from serialized_restore._readers import (
-    choose_reader,
-    copy_kept_out_of_mapping,
-    local_path,
-    read_checkpoint,
-    storages_of,
-)
+from serialized_restore._restore.readers import choose_reader, read_checkpoint
 
 
 class _Custom:
@@ -40,15 +34,6 @@ def _save(path: Path, **kwargs: object) -> dict:
     checkpoint = {"state_dict": {"w": torch.arange(6.0).reshape(2, 3)}, "epoch": 1}
     torch.save(checkpoint, path, **kwargs)
     return checkpoint
-
-
-def test_local_path() -> None:
-    """Local paths and file:// URLs map to a path; remote URLs and file objects do not."""
-    assert local_path("a/b.ckpt") == "a/b.ckpt"
-    assert local_path(Path("a/b.ckpt")) == "a/b.ckpt"
-    assert local_path("file:///x/y.ckpt") == "/x/y.ckpt"
-    assert local_path("s3://bucket/y.ckpt") is None
-    assert local_path(object()) is None
 
 
 def _read(strategy: Any, path: str, weights_only: bool, requested: str) -> Any:
@@ -92,53 +77,6 @@ def test_weights_only_keeps_its_meaning(tmp_path: Path, reader: str) -> None:
     assert loaded.checkpoint["extra"].value == 3
 
 
-def test_only_the_state_an_optimizer_keeps_is_copied_out_of_the_mapping(tmp_path: Path) -> None:
-    """After ``load_state_dict`` of memory-mapped state, exactly the tensors the optimizer kept are copied: into
-    private memory, values equal, aliases kept together; state the optimizer does not hold is not copied."""
-    params = [torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(3))]
-    trained = torch.optim.Adam(params, lr=0.1)
-    for p in params:
-        p.grad = torch.ones_like(p)
-    trained.step()
-    torch.save({"optimizer": trained.state_dict(), "extra": torch.ones(1000)}, tmp_path / "o.pt")
-    mapped = torch.load(tmp_path / "o.pt", mmap=True, weights_only=True)
-    storages = storages_of(mapped["optimizer"])
-    assert mapped["extra"].untyped_storage().data_ptr() not in storages
-
-    fresh = torch.optim.Adam([torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3))], lr=0.1)
-    fresh.load_state_dict(mapped["optimizer"])
-    held = [s["exp_avg"] for s in fresh.state.values()]
-    assert all(t.untyped_storage().data_ptr() in storages for t in held)  # Adam on CPU keeps the mapped tensors
-    copied = copy_kept_out_of_mapping([fresh], storages)
-    # exp_avg and exp_avg_sq of both parameters and the two step counters: what Adam keeps, and nothing else
-    assert copied == 2 * (4 + 3) * 4 + 2 * 4
-    for state, expected in zip(fresh.state.values(), trained.state.values()):
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            assert state[key].untyped_storage().data_ptr() not in storages
-            assert torch.equal(state[key], expected[key])
-    assert copy_kept_out_of_mapping([fresh], storages) == 0  # nothing mapped is left
-
-
-def test_state_an_optimizer_dropped_is_not_copied_and_views_stay_views(tmp_path: Path) -> None:
-    """Of mapped state, what the optimizer no longer holds (a sharded optimizer's other shards) is not copied, and
-    kept tensors that were views of one storage (in tuples too) are copied as one storage and stay views of it."""
-    flat = torch.arange(12.0)
-    shared = {"views": (flat[:6], flat[6:]), "alone": torch.ones(5)}
-    torch.save({"kept": shared, "dropped": torch.zeros(1000)}, tmp_path / "s.pt")
-    mapped = torch.load(tmp_path / "s.pt", mmap=True, weights_only=True)
-    storages = storages_of(mapped)
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    optimizer.state[optimizer.param_groups[0]["params"][0]] = mapped["kept"]  # what load_state_dict would keep
-    copied = copy_kept_out_of_mapping([optimizer], storages)
-    assert copied == 12 * 4 + 5 * 4  # the views' storage once, the lone tensor; nothing of "dropped"
-    (state,) = optimizer.state.values()
-    first, second = state["views"]
-    assert isinstance(state["views"], tuple) and first.untyped_storage().data_ptr() not in storages
-    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
-    assert torch.equal(torch.cat([first, second]), flat) and torch.equal(state["alone"], torch.ones(5))
-    assert mapped["dropped"].untyped_storage().data_ptr() in storages  # still the file's: never copied
-
-
 def _mapped_files() -> str:
     return Path("/proc/self/maps").read_text()
 
@@ -147,7 +85,7 @@ def test_a_missing_file_is_read_eagerly_without_a_reason(tmp_path: Path, caplog:
     """A local path with no file behind it goes to the eager read with no reason logged, so upstream's own
     `FileNotFoundError` is the only word about it."""
     missing = str(tmp_path / "missing.ckpt")
-    assert choose_reader(_strategy(), missing, "mmap") == ("eager", None)
+    assert choose_reader(_strategy(), missing, "mmap") == ("eager", "")
     with caplog.at_level(logging.INFO):
         with pytest.raises(FileNotFoundError, match="Checkpoint file not found"):
             _read(_strategy(), missing, True, "mmap")
@@ -161,7 +99,7 @@ def test_a_file_that_is_no_checkpoint_is_read_eagerly_without_a_reason(
     the only word about it; a legacy (pickle) checkpoint still says why it is read eagerly."""
     garbage = tmp_path / "random.ckpt"
     garbage.write_bytes(bytes(range(7, 200)) * 10)
-    assert choose_reader(_strategy(), str(garbage), "mmap") == ("eager", None)
+    assert choose_reader(_strategy(), str(garbage), "mmap") == ("eager", "")
     with caplog.at_level(logging.INFO):
         with pytest.raises(pickle.UnpicklingError):
             _read(_strategy(), str(garbage), True, "mmap")

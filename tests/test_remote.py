@@ -19,7 +19,13 @@ from typing import Any
 import pytest
 
 from harness.processes import job_env, kill_job, start_job
-from serialized_restore._remote import FILE_NAME, PREFIX, NodeLocalCopy, check_fetch_directory, ensure_free_space
+from serialized_restore._restore.remote import (
+    FILE_NAME,
+    PREFIX,
+    NodeLocalCopy,
+    check_fetch_directory,
+    ensure_free_space,
+)
 from tests.helpers.checks import JOB_TIMEOUT, assert_training_state_equal, run_ok
 from tests.helpers.launch import JOB, run_job
 

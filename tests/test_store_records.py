@@ -6,9 +6,9 @@ of its own to the stage's failure reports and bumps its failure count, as a rank
 raise one clear ``CheckpointRestoreError`` saying that a record could not be read, none may hang or crash, and the
 record must never be unpickled or evaluated.
 
-This file relies only on ``TurnSchedule``'s public API and on the names of the store keys the schedule uses (its
-implementation is free to change otherwise): a restore's keys live under ``serialized_restore/<generation>/``
-(generation 0 for the first schedule a process makes on a store), a stage's keys under ``<stage with '_' for ' '>/``,
+This file relies only on ``TurnSchedule``'s public API and on the layout of the store keys the schedule uses
+(``RestoreKeys``: its implementation is free to change otherwise): a restore's keys live under
+``serialized_restore/<namespace>/`` (``0`` here), a stage's keys under ``<stage with '_' for ' '>/``,
 and a failure is decided by ``compare_set(verdict, "", "failed\n" + record)``, copied to ``closed`` and announced by
 setting every rank's ``wake/<node>/<local rank>`` key to ``failed``.
 """
@@ -27,12 +27,12 @@ from typing import Any
 import pytest
 
 from serialized_restore import CheckpointRestoreError
+from serialized_restore._coordination.store import RestoreKeys
 from tests.helpers.store import connect, one_node_schedule
 
 CKPT = "/checkpoints/epoch=3.ckpt"
 STAGE = "restore modules and callbacks"
-NAMESPACE = "serialized_restore/0/"
-KEYS = NAMESPACE + "restore_modules_and_callbacks/"
+KEYS = RestoreKeys("0").stage(STAGE)
 WORLD = 3
 
 
@@ -82,9 +82,9 @@ def _intruder_main(out: str, record: bytes) -> None:
         store = connect(1, WORLD, out_dir)  # a client, like any rank but 0
         time.sleep(0.5)
         # as a rank posting a failure: the verdict decided, copied to the key ranks wait on, every waiter woken
-        verdict = store.compare_set(KEYS + "verdict", "", b"failed\n" + record)
-        store.set(KEYS + "closed", verdict)
-        wake = [KEYS + f"wake/0/{local}" for local in range(WORLD + 1)]
+        verdict = store.compare_set(KEYS.verdict, "", b"failed\n" + record)
+        store.set(KEYS.closed, verdict)
+        wake = [KEYS.wake(0, local) for local in range(WORLD + 1)]
         store.multi_set(wake, ["failed"] * len(wake))
         (out_dir / "fault.json").write_text(json.dumps({"at": time.time()}))
     except BaseException:

@@ -20,7 +20,7 @@ STAGES = {"restore modules and callbacks", "restore training state"}
 HOOK_SLEEP = 0.3
 """Seconds `on_load_checkpoint` sleeps, so that stage-1 turns that overlapped would be seen to."""
 NO_EFFECT = "has no effect with"
-"""Part of the warning a strategy the option does not apply to gets (serialized_restore/_connector.py)."""
+"""Part of the warning a strategy the option does not apply to gets (serialized_restore/_restore/plan.py)."""
 
 
 def assert_ranks_took_turns(ranks: dict[int, Any]) -> None:

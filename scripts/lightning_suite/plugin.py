@@ -5,8 +5,8 @@ test passes itself wins), under every name Lightning's tests import them from. U
 the upstream side.
 
 Loaded with ``-p lightning_suite.plugin`` (``scripts/`` on ``PYTHONPATH``); pytest-xdist's workers load it too. The
-classes and the default are set by the launcher's own mechanism (``serialized_restore._launch.switch_on``), without its
-one-time "switched on" INFO line, which would change what Lightning's log-asserting tests see.
+classes and the default are set by the launcher's own mechanism (``serialized_restore._launcher.switch.switch_on``),
+without its one-time "switched on" INFO line, which would change what Lightning's log-asserting tests see.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ def swap_in() -> None:
     if _swapped:
         return
     import serialized_restore.lightning as ours
-    from serialized_restore import _launch
+    from serialized_restore._launcher.switch import switch_on
 
     # SERIALIZED_RESTORE=1's default on our classes, under the launcher's names, without its "switched on" line: the
     # tests see Lightning's logs and nothing more
-    _launch.switch_on(ours.__name__, "1", launched=False, announce=False)
+    switch_on(ours.__name__, "1", launched=False, announce=False)
     _swapped = True
 
 

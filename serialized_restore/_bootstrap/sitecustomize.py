@@ -21,7 +21,7 @@ _HERE = os.path.dirname(os.path.realpath(__file__))
 
 
 class _LightningImportHook:
-    """A meta path finder that calls ``serialized_restore._launch.switch_on`` once a watched module has run."""
+    """A meta path finder that calls ``serialized_restore._launcher.switch.switch_on`` once a watched module has run."""
 
     def __init__(self, raw: str, launched: bool) -> None:
         self.raw = raw
@@ -45,7 +45,7 @@ class _LightningImportHook:
             del loader.exec_module  # the loader is as it was, whatever happens next
             upstream(module)
             try:
-                from serialized_restore._launch import switch_on
+                from serialized_restore._launcher.switch import switch_on
             except ModuleNotFoundError as err:
                 if err.name != "serialized_restore":
                     raise

@@ -4,10 +4,10 @@ and jobs that must succeed (once per session where the result is shared)."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -92,7 +92,6 @@ def shared_job(
 
 # a turn's end line prints its duration in steps of 10 ms ("ended in 0.31s")
 DURATION_STEP = 0.01
-_TURN_LINE = re.compile(r"\[rank (\d+)\] serialized restore: turn for '(.+)' (started|ended in ([\d.]+)s)")
 
 
 def assert_same(a: Any, b: Any, where: str) -> None:
@@ -128,35 +127,35 @@ def assert_training_state_equal(got: dict[int, Any], expected: dict[int, Any]) -
 
 
 def turn_intervals(rank_results: dict[int, Any]) -> dict[str, list[tuple[float, float, int]]]:
-    """Per stage, the (start, end, rank) of every turn, from each rank's own log timestamps."""
+    """Per stage, the (start, end, rank) of every turn, from the records each rank's turn lines carry."""
     opened: dict[tuple[str, int], float] = {}
     out: dict[str, list[tuple[float, float, int]]] = {}
     for result in rank_results.values():
-        for created, message in result["turn_log"]:
-            match = _TURN_LINE.search(message)
-            if not match:
-                continue
-            rank, stage, event = int(match[1]), match[2], match[3]
-            if event == "started":
-                opened[(stage, rank)] = created
-            else:  # a rank that started at once logs no start: its end line says how long the turn took
-                start = opened.pop((stage, rank), created - float(match[4]))
-                out.setdefault(stage, []).append((start, created, rank))
+        for turn in result["turns"]:
+            key = (turn["stage"], turn["rank"])
+            if turn["event"] == "started":
+                opened[key] = turn["created"]
+            else:  # a rank that started at once logs no start: its end record says how long the turn took
+                start = opened.pop(key, turn["created"] - turn["duration"])
+                out.setdefault(turn["stage"], []).append((start, turn["created"], turn["rank"]))
     assert not opened, f"turns that never ended: {opened}"
     return out
 
 
+def ended_turns(result: dict[str, Any], stage: str) -> list[dict[str, Any]]:
+    """The records of a rank's ended turns of ``stage``."""
+    return [turn for turn in result["turns"] if turn["stage"] == stage and turn["event"] == "ended"]
+
+
 def ran_at_once(ranks: dict[int, Any], stage: str) -> bool:
-    """Every rank logged its turn of ``stage`` as run with its node's other ranks at once (no rank waited for it)."""
-    lines = [[m for _, m in got["turn_log"] if f"turn for '{stage}'" in m] for got in ranks.values()]
-    at_once = "ended in" in "".join(sum(lines, [])) and all(
-        "with the node's other ranks at once" in m for m in sum(lines, [])
-    )
-    return at_once and all(len(rank_lines) == 1 for rank_lines in lines)
+    """Every rank ran its one turn of ``stage`` with its node's other ranks at once (no rank waited for it)."""
+    turns = [[t for t in got["turns"] if t["stage"] == stage] for got in ranks.values()]
+    return all(len(own) == 1 and own[0]["event"] == "ended" and own[0]["at_once"] for own in turns)
 
 
-def max_concurrent(intervals: list[tuple[float, float, int]]) -> int:
-    events = sorted([(s, 1) for s, _, _ in intervals] + [(e, -1) for _, e, _ in intervals], key=lambda x: (x[0], x[1]))
+def max_concurrent(intervals: Sequence[tuple[float, ...]]) -> int:
+    """The most intervals (start, end, ...) open at once; one that ends as another starts does not overlap it."""
+    events = sorted([(i[0], 1) for i in intervals] + [(i[1], -1) for i in intervals], key=lambda x: (x[0], x[1]))
     inside = peak = 0
     for _, delta in events:
         inside += delta

@@ -126,10 +126,11 @@ def main(config: dict[str, Any]) -> None:
             for entry in config["action"]:
                 own = entry if isinstance(entry, dict) else {"action": entry}
                 name = own.get("name", own["action"])
-                start = len(log.lines)
+                start, first_turn = len(log.lines), len(log.turns)
                 try:
                     result[name] = _run(fabric, {**config, **own})
                     result[name]["turn_log"] = log.lines[start:]
+                    result[name]["turns"] = log.turns[first_turn:]
                     cases.append(None)
                 except Exception as err:
                     if not config.get("keep_going"):
@@ -144,7 +145,7 @@ def main(config: dict[str, Any]) -> None:
         rank = int(os.environ.get("RANK", fabric.global_rank))
         (out / f"rank{rank}.error.json").write_text(json.dumps({**_error(err, started), "cases": cases}))
         raise
-    result.update(global_rank=fabric.global_rank, local_rank=fabric.local_rank, turn_log=log.lines)
+    result.update(global_rank=fabric.global_rank, local_rank=fabric.local_rank, turn_log=log.lines, turns=log.turns)
     torch.save(result, out / f"rank{fabric.global_rank}.pt")
 
 

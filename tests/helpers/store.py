@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from serialized_restore._placement import RankPlacement
-from serialized_restore._turns import TurnSchedule
+from serialized_restore._coordination.placement import RankPlacement
+from serialized_restore._coordination.turns import TurnSchedule
 
 
 def connect(rank: int, world: int, out_dir: Path) -> dist.TCPStore:
@@ -29,13 +29,12 @@ def connect(rank: int, world: int, out_dir: Path) -> dist.TCPStore:
 
 
 def one_node_schedule(store: dist.Store, rank: int, world: int, checkpoint_path: str) -> TurnSchedule:
-    """A ``TurnSchedule`` of rank ``rank`` of a one-node job of ``world`` ranks over ``store``: one turn at a time,
-    a 30 s turn timeout, its keys under ``serialized_restore/0/``."""
+    """A ``TurnSchedule`` of rank ``rank`` of a one-node job of ``world`` ranks over ``store``: a 30 s turn timeout,
+    its keys under ``serialized_restore/0/``."""
     placement = RankPlacement(rank, world, 0, rank, world)
     return TurnSchedule(
         store=store,
         placement=placement,
-        max_concurrent=1,
         checkpoint_path=checkpoint_path,
         turn_timeout=30.0,
         namespace="0",

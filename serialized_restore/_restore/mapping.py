@@ -1,0 +1,99 @@
+"""Copying out of a memory-mapped checkpoint what a rank keeps, so that nothing the job holds after a restore is
+backed by the file (which may be overwritten, or deleted, by the next save)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+def wait_for_device_copies() -> None:
+    """(one rank) Before the host memory or mapping is dropped: a queued host-to-device copy may still read it."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.current_stream().synchronize()
+
+
+def _strided_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Every strided (not sparse) tensor in a nested structure of dicts, lists and tuples."""
+    if isinstance(obj, torch.Tensor):
+        if obj.layout is torch.strided:
+            yield obj
+    elif isinstance(obj, (dict, list, tuple)):
+        for item in obj.values() if isinstance(obj, dict) else obj:
+            yield from _strided_tensors(item)
+
+
+def storages_of(obj: Any) -> set[int]:
+    """The storages (by data pointer) of every strided tensor in a nested structure of dicts, lists and tuples."""
+    return {tensor.untyped_storage().data_ptr() for tensor in _strided_tensors(obj)}
+
+
+def copy_kept_out_of_mapping(optimizers: list[Any], mapped: set[int]) -> int:
+    """Copy into private memory what the optimizers kept of the storages ``mapped``; the bytes copied."""
+    return copy_out_of_mapping(optimizer_containers(optimizers), mapped)
+
+
+def optimizer_containers(optimizers: list[Any]) -> list[Any]:
+    """Each optimizer's ``state`` and ``param_groups``, and those of optimizers it wraps (ZeRO's, OSS's ``optim``)."""
+    containers: list[Any] = []
+    seen: set[int] = set()
+
+    def collect(optimizer: Any) -> None:
+        if id(optimizer) in seen:
+            return
+        seen.add(id(optimizer))
+        containers.append(optimizer.state)
+        containers.append(optimizer.param_groups)
+        for value in vars(optimizer).values():
+            for inner in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(inner, torch.optim.Optimizer):
+                    collect(inner)
+
+    for optimizer in optimizers:
+        collect(optimizer)
+    return containers
+
+
+def copy_out_of_mapping(containers: list[Any], mapped: set[int]) -> int:
+    """Replace, in place, every tensor in ``containers`` whose storage is one of ``mapped`` by a private copy; the
+    bytes copied. A tensor reachable twice is copied once; views of one storage stay views of one copy."""
+    by_storage: dict[int, dict[int, torch.Tensor]] = {}
+    for container in containers:
+        for tensor in _strided_tensors(container):
+            if (storage_ptr := tensor.untyped_storage().data_ptr()) in mapped:
+                by_storage.setdefault(storage_ptr, {})[id(tensor)] = tensor
+    copies: dict[int, torch.Tensor] = {}
+    copied = 0
+    for group in by_storage.values():
+        tensors = list(group.values())
+        if len(tensors) == 1:
+            copies[id(tensors[0])] = tensors[0].clone()
+            copied += tensors[0].nbytes
+            continue
+        storage = tensors[0].untyped_storage()
+        private = storage.clone()
+        copied += storage.nbytes()
+        for tensor in tensors:
+            view = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+            copies[id(tensor)] = view.set_(private, tensor.storage_offset(), tensor.size(), tensor.stride())
+
+    def replace(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return copies.get(id(value), value)
+        if isinstance(value, dict):
+            for key in list(value):
+                value[key] = replace(value[key])
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                value[i] = replace(item)
+        elif isinstance(value, tuple):
+            items = [replace(item) for item in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        return value
+
+    if copies:
+        for container in containers:
+            replace(container)
+    return copied
