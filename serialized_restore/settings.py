@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, SupportsIndex, Union
 
+PARAMETER = "serialized_checkpoint_loading"  # the Trainer's and Fabric's argument
 # how messages name each setting
 TURN_TIMEOUT_SETTING = "`SerializedLoading(turn_timeout=...)`"
 TMPDIR_SETTING = "`SerializedLoading(tmpdir=...)`"

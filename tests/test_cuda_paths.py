@@ -23,6 +23,7 @@ from tests.helpers.checks import (
     JOB_TIMEOUT,
     assert_same,
     assert_training_state_equal,
+    ended_turns,
     max_concurrent,
     run_ok,
     shared_cuda_tagged,
@@ -38,8 +39,9 @@ def gpu_checkpoint(reference: dict[str, Any], tmp_path_factory: pytest.TempPathF
     return shared_cuda_tagged(tmp_path_factory, reference["ckpt"], "epoch1-cuda.ckpt")
 
 
-def _read_lines(ranks: dict[int, Any], stage: str) -> list[str]:
-    return [m for got in ranks.values() for _, m in got["turn_log"] if f"turn for '{stage}' ended" in m]
+def _readers(ranks: dict[int, Any], stage: str) -> list[str]:
+    """How each rank's turn of ``stage`` read the file, from the records its turn lines carry."""
+    return [turn["reader"] for got in ranks.values() for turn in ended_turns(got, stage)]
 
 
 # the eager reader is upstream's own `strategy.load_checkpoint`, called in the turn: the memory-mapped one is ours
@@ -52,9 +54,7 @@ def test_trainer_restores_a_gpu_checkpoint_on_cpu(
     config = {"trainer": "ours", "out": str(tmp_path), "max_epochs": 2, "ckpt_path": gpu_checkpoint}
     result = run_ok(config, env={"SERIALIZED_RESTORE_READER": reader})
     assert_training_state_equal(result.ranks, upstream_resume)
-    how = "memory-mapped" if reader == "mmap" else "eagerly"
-    lines = _read_lines(result.ranks, "restore modules and callbacks")
-    assert len(lines) == 2 and all(how in line for line in lines), lines
+    assert _readers(result.ranks, "restore modules and callbacks") == [reader, reader]
 
 
 def test_fabric_loads_a_gpu_checkpoint_on_cpu(
@@ -71,8 +71,7 @@ def test_fabric_loads_a_gpu_checkpoint_on_cpu(
         for key in ("params", "optimizer", "scheduler", "remainder", "plain_state", "counter"):
             assert_same(ours[rank][key], upstream[rank][key], f"rank {rank}: {key}")
         assert ours[rank]["file_backed"] == [], rank
-    lines = _read_lines(ours, "load checkpoint")
-    assert len(lines) == 2 and all("memory-mapped" in line for line in lines), lines
+    assert _readers(ours, "load checkpoint") == ["mmap", "mmap"]
 
 
 def test_second_stage_takes_turns_when_loading_converts_dtypes(
@@ -133,8 +132,8 @@ def test_one_rank_per_node_resumes_exactly(
     assert [proc.returncode for proc in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     ranks = {int(p.stem[4:]): torch.load(p, weights_only=False) for p in tmp_path.glob("rank*.pt")}
     for rank in ranks.values():  # each first on its node: no wait, so an end line only
-        lines = [m for _, m in rank["turn_log"] if "turn for 'restore modules and callbacks'" in m]
-        assert len(lines) == 1 and " ended in " in lines[0], rank["turn_log"]
+        turns = [t["event"] for t in rank["turns"] if t["stage"] == "restore modules and callbacks"]
+        assert turns == ["ended"], rank["turns"]
     assert_training_state_equal(ranks, upstream_resume)
 
 

@@ -1,5 +1,6 @@
 """The package's layout keeps the limits ``docs/design.md`` states: no file over 400 lines, no chain of the package's
-own imports longer than 8 modules, and no module importing another's private names. Read from the source, never run."""
+own imports longer than 8 modules, no import going up a layer, and no module importing another's private names. Read
+from the source, never run."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "serialized_restore"
 MAX_LINES = 400
 MAX_CHAIN = 8
+# the layers, bottom first (docs/design.md, *The map*): a module imports only from its own layer or those below
+_BASE = ("_files", "settings", "_coordination.placement", "_lightning.names", "_lightning.versions")
+_BASE += ("_lightning.strategies", "_launcher.hook")
+LAYERS = (_BASE, ("_coordination",), ("_restore",), ("_lightning",), ("",))
 
 
 def _modules() -> dict[str, Path]:
@@ -61,6 +66,26 @@ def test_no_import_chain_is_longer_than_eight_modules() -> None:
 
     longest = max((chain(name) for name in modules), key=len)
     assert len(longest) <= MAX_CHAIN, " -> ".join(longest)
+
+
+def _layer(name: str) -> int:
+    """The layer of module ``name``: the first whose prefixes it falls under (``""``: anything)."""
+    relative = name.removeprefix("serialized_restore").removeprefix(".")
+    for index, prefixes in enumerate(LAYERS):
+        if any(relative == p or relative.startswith(f"{p}.") or not p for p in prefixes):
+            return index
+    raise AssertionError(name)
+
+
+def test_no_import_goes_up_a_layer() -> None:
+    """What the package knows of files, settings and Lightning's names is at the bottom; the coordination above it,
+    then the restore, then the Lightning mixins, then the public modules, the forecast and the launcher: no module
+    imports from a layer above its own."""
+    modules = _modules()
+    upward = {
+        (name, imported) for name in modules for imported in _imports(name, modules) if _layer(imported) > _layer(name)
+    }
+    assert upward == set()
 
 
 def test_no_module_imports_another_modules_private_names() -> None:

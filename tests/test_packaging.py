@@ -82,32 +82,6 @@ def test_wheel_ships_the_launcher(dist: Path) -> None:
     assert pth == (REPO / "serialized_restore" / "_bootstrap" / "serialized_restore.pth").read_text()
 
 
-@pytest.mark.parametrize(
-    ("module", "package", "extra"),
-    [
-        ("serialized_restore.lightning", "lightning", "lightning"),
-        ("serialized_restore", "pytorch_lightning", "pytorch-lightning"),
-        ("serialized_restore.fabric", "lightning_fabric", "pytorch-lightning"),
-    ],
-)
-def test_a_missing_lightning_package_is_named_with_its_extra(module: str, package: str, extra: str) -> None:
-    """Importing the package's module for a Lightning package that is not installed says which extra installs it."""
-    code = (  # the package hidden as a missing one is: its import raises ModuleNotFoundError naming it
-        "import sys\n"
-        "class Hide:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        f"        if name.partition('.')[0] == {package!r}:\n"
-        f"            raise ModuleNotFoundError('No module named ' + {package!r}, name={package!r})\n"
-        "sys.meta_path.insert(0, Hide())\n"
-        f"import {module} as m\n"
-        "getattr(m, 'Trainer', None) or getattr(m, 'Fabric')\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 1, result.stderr
-    assert f"ModuleNotFoundError: `{package}` is not installed" in result.stderr, result.stderr
-    assert f"pip install 'serialized_restore[{extra}]'" in result.stderr, result.stderr
-
-
 def test_sdist_can_run_its_tests(dist: Path, tmp_path: Path) -> None:
     """Unpacked, the sdist runs its own tests against its own copy of the package (two quick modules here; they need
     the test helpers, the fixtures and the harness), and ships what the README's commands need."""

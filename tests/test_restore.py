@@ -12,6 +12,7 @@ import torch
 from tests.helpers.checks import (
     assert_same,
     assert_training_state_equal,
+    ended_turns,
     max_concurrent,
     ran_at_once,
     run_ok,
@@ -86,10 +87,10 @@ def test_fit_resume_is_bit_identical(
         assert view["tensor_bytes"]["optimizer_states"] > 0, f"rank {rank}"
         stages = turn_intervals({rank: got})
         assert set(stages) == {"restore modules and callbacks", "restore training state"}, f"rank {rank}"
-        # each turn line says how the file was read and what was copied out of the mapping
-        ended = [m for _, m in got["turn_log"] if "ended in" in m]
-        assert any("'restore modules and callbacks' ended" in m and " memory-mapped" in m for m in ended), ended
-        assert any("'restore training state' ended" in m and "out of the mapped file" in m for m in ended), ended
+        # each turn's record says how the file was read and what was copied out of the mapping
+        (first,) = ended_turns(got, "restore modules and callbacks")
+        (second,) = ended_turns(got, "restore training state")
+        assert first["reader"] == "mmap" and second["bytes_copied"] > 0, (first, second)
 
 
 @pytest.mark.parametrize("reader", ["mmap", "eager"])
@@ -120,11 +121,11 @@ def test_second_stage_runs_at_once_unless_it_reads_again(
     second = stages["restore training state"]
     assert sorted(r for _, _, r in second) == [0, 1], second
     assert max_concurrent(second) == (2 if reader == "mmap" else 1), sorted(second)
-    lines = [m for _, m in ranks[1]["turn_log"] if "turn for 'restore training state'" in m]
-    if reader == "mmap":  # no start line: the rank did not wait
-        assert len(lines) == 1 and "ended in" in lines[0] and "with the node's other ranks at once" in lines[0], lines
+    turns = [t for t in ranks[1]["turns"] if t["stage"] == "restore training state"]
+    if reader == "mmap":  # no start record: the rank did not wait
+        assert [(t["event"], t["at_once"]) for t in turns] == [("ended", True)], turns
     else:
-        assert len(lines) == 2 and "started after waiting" in lines[0], lines
+        assert [t["event"] for t in turns] == ["started", "ended"], turns
 
 
 def test_hooks_see_what_upstream_hooks_see(resumed_in_turns: dict[int, Any], upstream_resume: dict[int, Any]) -> None:

@@ -1,8 +1,8 @@
 """Records in the job's store that serialized_restore did not write: real processes, a real ``TCPStore``, no Lightning.
 
 Any process that can reach the job's ``TCPStore`` can write to it (torch does not authenticate its clients). Here three
-ranks take turns with ``TurnSchedule`` while a fourth process, a plain store client that is no rank, appends a record
-of its own to the stage's failure reports and bumps its failure count, as a rank that failed would. Every rank must
+ranks take turns with ``TurnSchedule`` while a fourth process, a plain store client that is no rank, decides the stage
+with a record of its own and wakes every rank, as a rank that failed would. Every rank must
 raise one clear ``CheckpointRestoreError`` saying that a record could not be read, none may hang or crash, and the
 record must never be unpickled or evaluated.
 

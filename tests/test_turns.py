@@ -355,8 +355,9 @@ def _assert_timed_out(result: dict[str, Any], world: int, stuck: int, timeout: f
         assert f"rank(s) {stuck} " in error and TURN_TIMEOUT_SETTING in error, error
         assert "slow file system" in error and "on_load_checkpoint" in error and "load_state_dict" in error, error
         late = outcome["ended"] - result["fault"]["at"]
-        # named by the rank timing it, at the turn timeout; a backstop (no timer) would end at twice the timeout
-        assert timeout - 0.5 < late < 2 * timeout - 0.5, (rank, late)
+        # named by the rank timing it, at the turn timeout (its timer starts when the stuck turn could start, before the
+        # stuck rank wrote fault.json: seconds before, on a loaded machine); a backstop would end at twice the timeout
+        assert timeout - 2.0 < late < 2 * timeout - 0.5, (rank, late)
 
 
 @pytest.mark.timeout(60)
@@ -413,7 +414,8 @@ def test_losing_the_store_host_is_reported_at_once(tmp_path):
     _assert_every_rank_raised(result, 3, [0])
     for rank, outcome in result["ranks"].items():
         assert outcome["kinds"] == ["store lost"] and "hosted by global rank 0" in outcome["error"], outcome
-        assert outcome["ended"] - result["fault"]["at"] < 2.0, (rank, outcome["ended"] - result["fault"]["at"])
+        # at once: the store's loss is seen when a call fails, not at a timeout (30 s)
+        assert outcome["ended"] - result["fault"]["at"] < 10.0, (rank, outcome["ended"] - result["fault"]["at"])
 
 
 def test_turn_order_forms_k_chains():
@@ -512,7 +514,7 @@ def test_a_rank_killed_in_a_stage_of_all_at_once_ends_every_wait_at_the_turn_tim
         assert outcome["kinds"] == ["timeout"] and "plan restore" in outcome["error"], (rank, outcome)
         assert outcome["failed_ranks"] == [2] and "did not end its turn" in outcome["error"], outcome["error"]
         # at the turn timeout; a second wait (another timeout) would end at twice it
-        assert 3.5 < outcome["ended"] - result["fault"]["at"] < 8.0, (rank, outcome["ended"] - result["fault"]["at"])
+        assert 2.0 < outcome["ended"] - result["fault"]["at"] < 8.0, (rank, outcome["ended"] - result["fault"]["at"])
 
 
 @pytest.mark.timeout(60)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -169,3 +170,29 @@ def test_setup_requires_the_supported_range() -> None:
     text = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
     assert f'LIGHTNING = "{SUPPORTED_RANGE}"' in text
     assert text.count("lightning{LIGHTNING}") == 4 and "lightning>=" not in text
+
+
+@pytest.mark.parametrize(
+    ("module", "package", "extra"),
+    [
+        ("serialized_restore.lightning", "lightning", "lightning"),
+        ("serialized_restore", "pytorch_lightning", "pytorch-lightning"),
+        ("serialized_restore.fabric", "lightning_fabric", "pytorch-lightning"),
+    ],
+)
+def test_a_missing_lightning_package_is_named_with_its_extra(module: str, package: str, extra: str) -> None:
+    """Importing the package's module for a Lightning package that is not installed says which extra installs it."""
+    code = (  # the package hidden as a missing one is: its import raises ModuleNotFoundError naming it
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.partition('.')[0] == {package!r}:\n"
+        f"            raise ModuleNotFoundError('No module named ' + {package!r}, name={package!r})\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        f"import {module} as m\n"
+        "getattr(m, 'Trainer', None) or getattr(m, 'Fabric')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr
+    assert f"ModuleNotFoundError: `{package}` is not installed" in result.stderr, result.stderr
+    assert f"pip install 'serialized_restore[{extra}]'" in result.stderr, result.stderr

@@ -21,30 +21,35 @@ from serialized_restore._coordination.store import BoundedStore
 
 @dataclass(frozen=True)
 class StuckRanks:
-    """How this rank ends the ranks of its node a restore names as stuck.
+    """How this rank ends the ranks of its node a restore names as stuck, where Lightning's own launcher started the
+    job (``launcher``: its ``procs``, which the first process of a node holds, are the other local ranks' processes).
 
-    ``children``: ``None`` where Lightning's launcher did not start the job (its launcher ends the ranks itself, once
-    this rank has exited); else the ``Popen`` of each other local rank, which local rank 0 holds (empty elsewhere).
     ``first_process``: node 0's local rank 0's process id (global rank 0's, sent as the restore started);
-    ``first_process_key``: where another node's local rank 0 wrote its own."""
+    ``first_process_key``: where another node's local rank 0 writes its own (:meth:`announce`)."""
 
     placement: RankPlacement
-    children: Sequence[Any] | None
+    launcher: Any
     first_process: int | None
     first_process_key: str
+
+    def announce(self, store: BoundedStore) -> None:
+        """(local rank 0 of a node other than node 0, as the restore starts) Write this process's id, which the node's
+        other ranks read only if they must end it; sent without waiting for an answer."""
+        p = self.placement
+        if p.local_rank == 0 and p.node_rank > 0:
+            store.call("set", self.first_process_key, str(os.getpid()))
 
     def end(self, stuck: list[int], store: BoundedStore | None) -> bool:
         """(each rank, before it raises an error naming ``stuck`` global ranks) Kill those of this node that this
         process launched, or this node's first process when that launched this one. Whether the job's processes end
         stuck ranks now, here or on the node that launched them (else the launcher does, later)."""
-        if self.children is None:
-            return False
         p = self.placement
+        children: Sequence[Any] = getattr(self.launcher, "procs", None) or []
         local = [r - p.node_rank * p.local_world_size for r in stuck if r // p.local_world_size == p.node_rank]
         for local_rank in local:
-            if p.local_rank == 0 and 1 <= local_rank <= len(self.children):
+            if p.local_rank == 0 and 1 <= local_rank <= len(children):
                 with contextlib.suppress(OSError):
-                    self.children[local_rank - 1].kill()  # SIGKILL: also ends a stopped process
+                    children[local_rank - 1].kill()  # SIGKILL: also ends a stopped process
         if p.local_rank > 0 and 0 in local and (parent := self._first_process(store)) is not None:
             if parent == os.getppid():
                 with contextlib.suppress(OSError):

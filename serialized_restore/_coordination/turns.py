@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Callable
+from typing import Any, Callable
 
 import torch.distributed as dist
 
@@ -65,17 +65,24 @@ class TurnSchedule:
     other rank a :class:`CheckpointRestoreError`."""
 
     def __init__(self, *, store: dist.Store | None, placement: RankPlacement, checkpoint_path: str,
-                 turn_timeout: float, namespace: str = "", logger: logging.Logger = log,
-                 stuck: StuckRanks | None = None) -> None:  # fmt: skip
+                 turn_timeout: float, namespace: str = "", logger: logging.Logger = log, launcher: Any = None,
+                 first_process: int | None = None) -> None:  # fmt: skip
         """``store``: the job's store (``None`` for one process: a turn is its body alone). ``namespace``: see
-        :class:`RestoreKeys`. ``stuck``: ends ranks named stuck, where the job's own processes do it."""
+        :class:`RestoreKeys`. ``launcher``: Lightning's own launcher, where it started the job: the job's processes then
+        end a rank named stuck themselves (:class:`StuckRanks`, with ``first_process``, global rank 0's process id)."""
         self.placement = placement
         self.checkpoint_path = checkpoint_path
         self.turn_timeout = turn_timeout
         self.log = logger
         self.store = BoundedStore(store, turn_timeout) if store is not None and placement.world_size > 1 else None
         self.keys = RestoreKeys(namespace)
-        self.stuck = stuck
+        self.stuck: StuckRanks | None = None
+        if launcher is not None:
+            self.stuck = StuckRanks(placement, launcher, first_process, self.keys.first_process(placement.node_rank))
+            if self.store is not None:
+                with contextlib.suppress(StoreLost):  # only ever read on a failure path: that path names the loss
+                    self.stuck.announce(self.store)
+        self._stages: set[str] = set()
 
     def turn(self, stage: str, *, k: int | None = 1, logged: bool | None = None, doing: str | None = None) -> Turn:
         """(all ranks) Run the ``with`` block as this rank's turn of ``stage``: at most ``k`` local ranks of a node
@@ -83,6 +90,9 @@ class TurnSchedule:
         given): the rank logs its turn's start and end. ``doing``: what a turn does, where a turn past the timeout is
         most likely just slow at it (``"downloading the checkpoint"``), for its error."""
         stage, lws = str(stage), self.placement.local_world_size  # a str enum member: its value
+        if stage in self._stages:  # its keys are the stage's own: a second turn would meet the first one's
+            raise RuntimeError(f"serialized restore: the stage {stage!r} ran twice in one restore")
+        self._stages.add(stage)
         ordered = k is not None
         logged = (ordered if logged is None else logged) and self.log.isEnabledFor(logging.INFO)
         return Turn(self, stage, max(1, min(k, lws)) if k is not None else lws, ordered, logged, doing)
@@ -129,8 +139,8 @@ class TurnSchedule:
         me = self.placement.global_rank
         named = [f.global_rank for f in failures if f.kind in _STUCK and f.global_rank >= 0 and f.global_rank != me]
         ended_now = True
-        if named and self.stuck is not None:
-            ended_now = self.stuck.end(named, self.store)
+        if named:
+            ended_now = self.stuck is not None and self.stuck.end(named, self.store)
         pending = self.store.take_pending() if self.store is not None else None
         if pending is not None and ended_now:
             pending.wait(ANSWER)
@@ -140,11 +150,11 @@ class Turn:
     """One rank's turn of a stage (:meth:`TurnSchedule.turn`). A verdict is raised from ``__enter__`` or ``__exit__``
     with its traceback cut there: a failed restore's traceback shows one frame of the turn, not the wait's."""
 
-    def __init__(self, schedule: TurnSchedule, stage: str, k: int, ordered: bool, logged: bool,
-                 doing: str | None) -> None:  # fmt: skip
-        self.schedule, self.stage, self.k, self.ordered, self.logged, self.doing = (
-            schedule, stage, k, ordered, logged, doing
-        )  # fmt: skip
+    def __init__(
+        self, schedule: TurnSchedule, stage: str, k: int, ordered: bool, logged: bool, doing: str | None
+    ) -> None:
+        self.schedule, self.stage, self.k = schedule, stage, k
+        self.ordered, self.logged, self.doing = ordered, logged, doing
         self.keys: StageKeys = schedule.keys.stage(stage)
         self.store = schedule.store
         self.placement = schedule.placement
@@ -287,14 +297,14 @@ class Turn:
         store = store or self.store
         assert store is not None
         p, keys = self.placement, self.keys
-        record = FAILED + "\n" + failure.to_json()
-        verdict = store.call("compare_set", keys.verdict, "", record)
+        posted = FAILED + "\n" + failure.to_json()
+        verdict = store.call("compare_set", keys.verdict, "", posted)
         store.call("set", keys.closed, verdict)
         if verdict != ENDED:
             # every rank's wake-up key, and per chain the key L + i its last turn sets (its timer waits for it)
             wake = keys.every_wake(p.nodes, p.local_world_size + self.k)
             store.call("multi_set", wake, [FAILED] * len(wake))
-        if verdict == record and failure.kind is FailureKind.TIMEOUT and failure.global_rank > 0:
+        if verdict == posted and failure.kind is FailureKind.TIMEOUT and failure.global_rank > 0:
             self._count_read()
         return verdict
 

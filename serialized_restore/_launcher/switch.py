@@ -12,8 +12,7 @@ from typing import Any, Callable
 
 from serialized_restore._launcher.hook import OURS, VARIABLE
 from serialized_restore._lightning.names import Owner
-
-_PARAMETER = "serialized_checkpoint_loading"
+from serialized_restore.settings import PARAMETER
 
 # the names each class of the project's module for a Lightning package takes once that module has run (the modules
 # that define the classes too: a program may import them from there)
@@ -56,12 +55,12 @@ def switch_on(imported: str, raw: str, launched: bool, announce: bool = True) ->
     by = f"by `serialized-restore run` ({VARIABLE}={raw})" if launched else f"by {VARIABLE}={raw}"
     for name, modules in _REPLACED[imported].items():
         cls = getattr(sys.modules[imported], name)
-        _default_to(cls, value, by, fabric=name == "Fabric", announce=announce)
+        _default_to(cls, value, by, Owner(name), announce=announce)
         for module in modules:
             setattr(sys.modules[module], name, cls)
 
 
-def _default_to(cls: type, value: object, by: str, fabric: bool, announce: bool) -> None:
+def _default_to(cls: type, value: object, by: str, owner: Owner, announce: bool) -> None:
     """Make ``value`` the default of ``cls(serialized_checkpoint_loading=...)``, in its signature too (LightningCLI)."""
     init: Callable[..., None] = cls.__init__  # type: ignore[misc]  # the class's own, as built by its module
     signature = inspect.signature(init)
@@ -69,22 +68,22 @@ def _default_to(cls: type, value: object, by: str, fabric: bool, announce: bool)
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         global _announced
-        given = kwargs.setdefault(_PARAMETER, value)
+        given = kwargs.setdefault(PARAMETER, value)
         init(self, *args, **kwargs)
         if _announced or not announce:
             return
         _announced = True
-        owner = type(self).__name__
+        built = type(self).__name__
         if given == value:
-            message = f"serialized restore: {owner}(serialized_checkpoint_loading={value!r}) switched on {by}"
+            message = f"serialized restore: {built}(serialized_checkpoint_loading={value!r}) switched on {by}"
         else:
             message = (
-                f"serialized restore: the program builds {owner}(serialized_checkpoint_loading={given!r}) itself,"
+                f"serialized restore: the program builds {built}(serialized_checkpoint_loading={given!r}) itself,"
                 f" which wins over {value!r} set {by}"
             )
-        (Owner.FABRIC if fabric else Owner.TRAINER).info(self)(message)
+        owner.info(self)(message)
 
-    parameters = [p.replace(default=value) if p.name == _PARAMETER else p for p in signature.parameters.values()]
+    parameters = [p.replace(default=value) if p.name == PARAMETER else p for p in signature.parameters.values()]
     __init__.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     del __init__.__wrapped__  # type: ignore[attr-defined]  # the signature is the one set above
     cls.__init__ = __init__  # type: ignore[misc]

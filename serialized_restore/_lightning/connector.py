@@ -20,7 +20,7 @@ from serialized_restore._restore.fsdp import FULL, load_full_checkpoint, upstrea
 from serialized_restore._restore.mapping import copy_kept_out_of_mapping, storages_of, wait_for_device_copies
 from serialized_restore._restore.optimizer_state import Fingerprint, OptimizerSource, converts_on_load, load_in_place
 from serialized_restore._restore.plan import Notices, RestorePlan, Source, decide_strategy_path, plan_restore
-from serialized_restore._restore.readers import LoadedCheckpoint, read_checkpoint
+from serialized_restore._restore.readers import EAGER, MMAP, LoadedCheckpoint, read_checkpoint
 from serialized_restore._restore.remote import NodeLocalCopy
 from serialized_restore._restore.stages import Stage
 from serialized_restore.settings import SerializedLoading
@@ -75,9 +75,9 @@ class SerializedCheckpointConnectorMixin:
         restore = self._restore = _Restore(weights_only, fitting, guarded=guard_checkpoint_callbacks(trainer))
         try:
             value = trainer.serialized_checkpoint_loading
-            path = decide_strategy_path(Owner.TRAINER, trainer.strategy, value, self._notices)
+            how = decide_strategy_path(Owner.TRAINER, trainer.strategy, value, self._notices)
             restore.plan = plan = plan_restore(
-                Owner.TRAINER, trainer.strategy, RankPlacement.of(trainer), path, value, self._settings,
+                Owner.TRAINER, trainer.strategy, RankPlacement.of(trainer), how, value, self._settings,
                 checkpoint_path, self._notices, fetch_remote=True,
             )  # fmt: skip
             if plan.strategy_path is StrategyPath.UPSTREAM:
@@ -152,7 +152,7 @@ class SerializedCheckpointConnectorMixin:
         restore.loaded = self._read(restore, restore.source)
         self._loaded_checkpoint = restore.loaded.checkpoint
         restore.loaded.checkpoint = {}  # the dict lives in _loaded_checkpoint only
-        if restore.fitting and restore.loaded.reader == "mmap":
+        if restore.fitting and restore.loaded.reader == MMAP:
             restore.optimizer_source = OptimizerSource.COPY_FROM_MAPPING
         elif restore.fitting:
             restore.fingerprint = Fingerprint(self._loaded_checkpoint.get("optimizer_states"))
@@ -232,7 +232,7 @@ class SerializedCheckpointConnectorMixin:
         source, restore.optimizer_source = restore.optimizer_source, OptimizerSource.IN_DICT
         if source is OptimizerSource.READ_AGAIN:
             assert restore.source is not None
-            reread = self._read(restore, Source(restore.source.path, "eager"))
+            reread = self._read(restore, Source(restore.source.path, EAGER))
             self._loaded_checkpoint["optimizer_states"] = reread.checkpoint["optimizer_states"]
             record.bytes_read, record.reader = reread.bytes_read, reread.reader
         elif source is OptimizerSource.COPY_FROM_MAPPING and "optimizer_states" in self._loaded_checkpoint:

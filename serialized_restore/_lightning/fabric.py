@@ -25,7 +25,7 @@ from serialized_restore._restore.mapping import (
     wait_for_device_copies,
 )
 from serialized_restore._restore.plan import Notices, RestorePlan, Source, decide_strategy_path, plan_restore
-from serialized_restore._restore.readers import load_mmap, read_checkpoint
+from serialized_restore._restore.readers import MMAP, load_mmap, read_checkpoint
 from serialized_restore._restore.stages import Stage
 from serialized_restore.settings import SerializedCheckpointLoading, settings_for
 
@@ -52,6 +52,7 @@ class SerializedFabricMixin:
         self._serialized_value = serialized_checkpoint_loading
         self._serialized_settings = settings
         self._serialized_notices = Notices()
+        self._serialized_loading = False  # inside a `load` or `load_raw` whose strategy load stands in for upstream's
         self._serialized_log = logging.getLogger(f"{flavour_of(self).fabric}.serialized_restore")
 
     # `**kwargs`: what the release's own `load` takes besides (`weights_only` from 2.6 on), passed on unchanged
@@ -74,7 +75,7 @@ class SerializedFabricMixin:
         strategy's path is decided first, on the strategy as the user left it; where it restores as upstream,
         nothing is replaced."""
         strategy, settings, value = self._strategy, self._serialized_settings, self._serialized_value
-        if settings is None:
+        if settings is None or self._serialized_loading:  # off, or inside a load already (a `load_raw` in `load`)
             yield
             return
         decided = decide_strategy_path(Owner.FABRIC, strategy, value, self._serialized_notices)
@@ -101,9 +102,11 @@ class SerializedFabricMixin:
             return self._load_in_turn(plan, upstream, state, strict, kwargs)
 
         strategy.load_checkpoint = load_checkpoint
+        self._serialized_loading = True
         try:
             yield
         finally:
+            self._serialized_loading = False
             del strategy.load_checkpoint  # the instance attribute: the class's method shows through again
 
     def _load_in_turn(self, plan: RestorePlan, upstream: _Load, state: Any, strict: bool, kwargs: dict[str, Any]
@@ -119,7 +122,7 @@ class SerializedFabricMixin:
                 read_eagerly=strategy.checkpoint_io.load_checkpoint, owner=Owner.FABRIC,
             )  # fmt: skip
             record.bytes_read, record.reader = loaded.bytes_read, loaded.reader
-            mapped = storages_of(loaded.checkpoint) if loaded.reader == "mmap" else set()
+            mapped = storages_of(loaded.checkpoint) if loaded.reader == MMAP else set()
             if mapped:
                 record.bytes_copied += self._copy_for_stateful_objects(loaded.checkpoint, state, mapped)
             checkpoint_io = strategy.checkpoint_io

@@ -127,6 +127,11 @@ class Owner(str, enum.Enum):
         """How messages say what it does with a checkpoint: ``"restore"`` or ``"load"``."""
         return "load" if self is Owner.FABRIC else "restore"
 
+    @property
+    def done(self) -> str:
+        """:attr:`verb` once done: ``"restored"`` or ``"loaded"``."""
+        return "loaded" if self is Owner.FABRIC else "restored"
+
     def info(self, obj: Any) -> Callable[..., None]:
         """The ``rank_zero_info`` of this owner's side of ``obj``'s flavour."""
         names = lightning_names(obj)

@@ -4,7 +4,6 @@ whether Lightning's own launcher started the job (whose first process then holds
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from typing import Any
 
 from serialized_restore._lightning.names import Owner, lightning_names
@@ -55,11 +54,13 @@ def strategy_path(strategy: Any, owner: Owner) -> tuple[StrategyPath, str]:
     return StrategyPath.UPSTREAM, "its restore may run collectives, which cannot run while ranks take turns"
 
 
-def launcher_children(strategy: Any) -> Sequence[Any] | None:
-    """``None`` unless Lightning's own launcher (the Trainer's or Fabric's) started the job; then the ``Popen`` of
-    the other local ranks, which the first process of a node holds (empty in every other process)."""
+def lightning_launcher(strategy: Any) -> Any:
+    """The strategy's launcher where it is Lightning's own (the Trainer's or Fabric's), which keeps the processes of
+    the other local ranks in the first process of a node (``procs``); else ``None``."""
     names = lightning_names(strategy)
     launcher = getattr(strategy, "launcher", None)
-    if not isinstance(launcher, (names.SubprocessScriptLauncher, names.FabricSubprocessScriptLauncher)):
-        return None
-    return getattr(launcher, "procs", None) or []
+    return (
+        launcher
+        if isinstance(launcher, (names.SubprocessScriptLauncher, names.FabricSubprocessScriptLauncher))
+        else None
+    )

@@ -10,9 +10,7 @@ from typing import Any, Callable, ClassVar
 
 from serialized_restore._lightning.names import Owner, flavour_of
 from serialized_restore._lightning.versions import check_supported
-from serialized_restore.settings import SerializedCheckpointLoading, settings_for
-
-_PARAMETER = "serialized_checkpoint_loading"
+from serialized_restore.settings import PARAMETER, SerializedCheckpointLoading, settings_for
 
 
 class SerializedRestoreTrainerMixin:
@@ -78,12 +76,12 @@ def _with_upstream_signature(cls: type) -> Callable[..., None]:
     hints = typing.get_type_hints(upstream_init)
     signature = inspect.signature(upstream_init)
     ours = inspect.Parameter(
-        _PARAMETER, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=SerializedCheckpointLoading
+        PARAMETER, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=SerializedCheckpointLoading
     )
     parameters = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in signature.parameters.values()]
     # upstream takes keyword arguments only, after `self`; ours goes last
     __init__.__signature__ = signature.replace(parameters=[*parameters, ours])  # type: ignore[attr-defined]
-    __init__.__annotations__ = {**hints, _PARAMETER: SerializedCheckpointLoading}
+    __init__.__annotations__ = {**hints, PARAMETER: SerializedCheckpointLoading}
     __init__.__doc__ = (upstream_init.__doc__ or "") + "\n\n" + (SerializedRestoreTrainerMixin.__doc__ or "")
     del __init__.__wrapped__  # type: ignore[attr-defined]  # the signature is the one set above, not upstream's
     return __init__

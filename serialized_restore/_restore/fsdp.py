@@ -47,7 +47,7 @@ def upstream_reason(kind: str | None, why: str, verb: str) -> str:
 
 
 def load_full_checkpoint(
-    strategy: Any, path: Any, weights_only: bool | None, fitting: bool, schedule: TurnSchedule
+    strategy: Any, path: Any, weights_only: bool | None, fitting: bool, turns: TurnSchedule
 ) -> dict[str, Any]:
     """(all ranks together) The Trainer's FSDP restore of a full checkpoint, mapped; the dict less its weights (and,
     when fitting, less nothing else: stage 2 finds the optimizer states restored already)."""
@@ -56,7 +56,7 @@ def load_full_checkpoint(
     # popped, so that nothing but FSDP's load holds the weights' dict, and it goes as soon as the load is done
     weights = checkpoint.pop("state_dict")
     optimizers = strategy.optimizers if states is not None else []
-    restore_full_state(strategy, strategy.model, weights, optimizers, states or [], schedule,
+    restore_full_state(strategy, strategy.model, weights, optimizers, states or [], turns,
                        strict=strategy.lightning_module.strict_loading)  # fmt: skip
     return checkpoint
 
@@ -67,7 +67,7 @@ def restore_full_state(
     weights: dict[str, Any],
     optimizers: list[Any],
     states: list[dict[str, Any]],
-    schedule: TurnSchedule,
+    turns: TurnSchedule,
     strict: bool,
 ) -> int:
     """(all ranks together) The one FSDP restore of a full checkpoint's mapped tensors, the Trainer's and Fabric's:
@@ -85,7 +85,7 @@ def restore_full_state(
     if not optimizers:
         return 0
     mapped = storages_of(states)
-    load_optimizer_states(strategy, module, optimizers, states, schedule)
+    load_optimizer_states(strategy, module, optimizers, states, turns)
     copied = copy_kept_out_of_mapping(optimizers, mapped)
     # the optimizers' state went to the GPU from the mapping: done before anything lets go of it
     wait_for_device_copies()
@@ -110,10 +110,10 @@ def load_weights(strategy: Any, state_dict: dict[str, Any], model: Any, strict: 
 
 
 def load_optimizer_states(
-    strategy: Any, model: Any, optimizers: list[Any], states: list[dict[str, Any]], schedule: TurnSchedule
+    strategy: Any, model: Any, optimizers: list[Any], states: list[dict[str, Any]], turns: TurnSchedule
 ) -> None:
     """(all ranks together) Load each full optimizer state (mapped) into its optimizer, each rank copying its shard.
-    Rank 0 re-keys first, so that its failure reaches the others through ``schedule``, not as a hung collective."""
+    Rank 0 re-keys first, so that its failure reaches the others through the turns, not as a hung collective."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     names = lightning_names(strategy)
@@ -125,7 +125,7 @@ def load_optimizer_states(
     def prepare() -> None:
         prepared[:] = [rekey(state, model) for state in states]
 
-    schedule.on_one_rank(Stage.PREPARE_OPTIMIZER_STATE, prepare, central=strategy.global_rank == 0)
+    turns.on_one_rank(Stage.PREPARE_OPTIMIZER_STATE, prepare, central=strategy.global_rank == 0)
     if strategy.global_rank != 0:
         # the same file and model as rank 0's: re-keying cannot fail here where it did not there
         prepare()

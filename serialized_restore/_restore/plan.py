@@ -5,48 +5,48 @@ immutable: what is decided here is passed down, never sent back."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from serialized_restore._coordination.placement import RankPlacement
-from serialized_restore._coordination.store import RestoreKeys, job_store
-from serialized_restore._coordination.stuck import StuckRanks
+from serialized_restore._coordination.store import job_store
 from serialized_restore._coordination.turns import TurnSchedule
 from serialized_restore._files import is_remote
 from serialized_restore._lightning.names import Owner
-from serialized_restore._lightning.strategies import StrategyPath, launcher_children, strategy_path
+from serialized_restore._lightning.strategies import StrategyPath, lightning_launcher, strategy_path
 from serialized_restore._restore.fsdp import FULL, checkpoint_kind, upstream_reason
-from serialized_restore._restore.readers import choose_reader, stock_checkpoint_io
+from serialized_restore._restore.readers import MMAP, choose_reader, stock_checkpoint_io
 from serialized_restore.settings import SerializedLoading
 
 
 class Notices:
-    """What an owner (a ``Trainer``'s connector, a ``Fabric``) has said about why the option does not act: each reason
-    once, on rank 0, however many restores meet it."""
+    """What an owner (a ``Trainer``'s connector, a ``Fabric``) has said about why the option does not act: each
+    subject (a strategy's class, the missing store) once, on rank 0, however many restores meet it."""
 
     def __init__(self) -> None:
-        self._said: set[str] = set()
+        self._said: set[object] = set()
 
-    def once(self, say: Any, message: str) -> None:
-        if message not in self._said:
-            self._said.add(message)
+    def once(self, subject: object, say: Callable[[str], None], message: str) -> None:
+        if subject not in self._said:
+            self._said.add(subject)
             say(message)
 
 
 def decide_strategy_path(owner: Owner, strategy: Any, value: object, notices: Notices) -> StrategyPath:
-    """(all ranks) :func:`strategy_path`; where the strategy restores as upstream, rank 0 says why, once."""
-    path, why = strategy_path(strategy, owner)
-    if path is StrategyPath.UPSTREAM:
-        done = "loaded" if owner is Owner.FABRIC else "restored"
+    """(all ranks) :func:`strategy_path`; where the strategy restores as upstream, rank 0 says why, once per class."""
+    how, why = strategy_path(strategy, owner)
+    if how is StrategyPath.UPSTREAM:
         notices.once(
+            type(strategy),
             owner.warn(strategy),
             f"`{owner}(serialized_checkpoint_loading={value!r})` has no effect with {type(strategy).__name__}:"
-            f" {why}. The checkpoint is {done} as upstream Lightning does.",
+            f" {why}. The checkpoint is {owner.done} as upstream Lightning does.",
         )
-    return path
+    return how
 
 
 @dataclass(frozen=True)
@@ -66,18 +66,15 @@ class RestorePlan:
     def turns(self, strategy: Any, log: logging.Logger) -> TurnSchedule:
         """(all ranks, once per restore) The restore's turns over the job's store: each stage has keys of its own
         under the restore's namespace, so the order in which a rank makes its turns cannot mix them up."""
-        p = self.placement
-        stuck = StuckRanks(
-            p, launcher_children(strategy), self.host_pid, RestoreKeys(self.namespace).first_process(p.node_rank)
-        )
         return TurnSchedule(
-            store=job_store(p.world_size),
-            placement=p,
+            store=job_store(self.placement.world_size),
+            placement=self.placement,
             checkpoint_path=str(self.checkpoint_path),
             turn_timeout=float(self.settings.turn_timeout),
             namespace=self.namespace,
             logger=log,
-            stuck=stuck,
+            launcher=lightning_launcher(strategy),
+            first_process=self.host_pid,
         )
 
     def k_for(self, stage: str, bounds_memory: bool, why: str, log: logging.Logger, say: bool = True) -> int | None:
@@ -103,11 +100,11 @@ class RestorePlan:
         the first rank's read raises upstream's own error, and every other rank names it."""
         if source.reason == "":
             return self.k_for(stage, True, "", log, say=False)
-        if source.reader == "mmap":
+        if source.reader == MMAP:
             why = "the checkpoint is memory-mapped, so a rank allocates only what it keeps"
         else:
             why = "the checkpoint is read into memory" + (f" ({source.reason})" if source.reason else "")
-        return self.k_for(stage, source.reader != "mmap", why, log)
+        return self.k_for(stage, source.reader != MMAP, why, log)
 
 
 @dataclass(frozen=True)
@@ -130,45 +127,42 @@ def plan_restore(
     owner: Owner,
     strategy: Any,
     placement: RankPlacement,
-    path: StrategyPath,
+    how: StrategyPath,
     value: object,
     settings: SerializedLoading,
     checkpoint_path: Any,
     notices: Notices,
     fetch_remote: bool = False,
 ) -> RestorePlan:
-    """(all ranks) How ``owner`` restores ``checkpoint_path`` on the strategy ``path`` decided for it: FSDP only with
-    a full checkpoint; as upstream where the processes share no store. Sends a name for the restore's keys (and
+    """(all ranks) How ``owner`` restores ``checkpoint_path`` on the strategy path ``how`` decided for it: FSDP only
+    with a full checkpoint; as upstream where the processes share no store. Sends a name for the restore's keys (and
     global rank 0's process id) to every rank with the strategy's own ``broadcast``: no other restore, also not a
     restarted attempt of the job on a store that outlived the first, reads them. ``fetch_remote``: a URL the stock
     ``CheckpointIO`` reads is to be fetched once per node first (``plan.fetch``)."""
-    plan = RestorePlan(owner, path, placement, settings, checkpoint_path)
-    if path is StrategyPath.UPSTREAM:
+    plan = RestorePlan(owner, how, placement, settings, checkpoint_path, fsdp_path=checkpoint_path)
+    upstream = dataclasses.replace(plan, strategy_path=StrategyPath.UPSTREAM)
+    if how is StrategyPath.UPSTREAM:
         return plan
-    fsdp_path = checkpoint_path
     if placement.world_size > 1:
         if job_store(placement.world_size) is None:
             notices.once(
+                "no store",
                 owner.info(strategy),
                 f"`{owner}(serialized_checkpoint_loading={value!r})` has no effect with {type(strategy).__name__}:"
                 f" its {placement.world_size} processes share no `torch.distributed` process group, whose store the"
                 " turns need. The checkpoint is restored as upstream Lightning does.",
             )
-            return RestorePlan(owner, StrategyPath.UPSTREAM, placement, settings, checkpoint_path)
-        sent = (checkpoint_path if path is StrategyPath.FSDP else None, uuid.uuid4().hex, os.getpid())
+            return upstream
+        sent = (checkpoint_path if how is StrategyPath.FSDP else None, uuid.uuid4().hex, os.getpid())
         fsdp_path, namespace, host_pid = strategy.broadcast(sent if placement.global_rank == 0 else None)
-        if placement.local_rank == 0 and placement.node_rank > 0 and launcher_children(strategy) is not None:
-            # read only if this process is named stuck (_coordination/stuck.py); sent without an answer
-            key = RestoreKeys(namespace).first_process(placement.node_rank)
-            job_store(placement.world_size).set(key, str(os.getpid()))  # type: ignore[union-attr]
-        plan = RestorePlan(owner, path, placement, settings, checkpoint_path, namespace, host_pid)
-    if path is StrategyPath.FSDP:
-        kind, why = checkpoint_kind(strategy, fsdp_path)
+        plan = dataclasses.replace(plan, namespace=namespace, host_pid=host_pid, fsdp_path=fsdp_path)
+    if how is StrategyPath.FSDP:
+        kind, why = checkpoint_kind(strategy, plan.fsdp_path)
         if kind != FULL:
             owner.info(strategy)(upstream_reason(kind, why, owner.verb))
-            return RestorePlan(owner, StrategyPath.UPSTREAM, placement, settings, checkpoint_path)
-        return RestorePlan(owner, path, placement, settings, checkpoint_path, plan.namespace, plan.host_pid,
-                           fsdp_path=fsdp_path)  # fmt: skip
+            return upstream
+        return plan
     # a CheckpointIO of the user's own reads a URL itself, as upstream lets it (each rank in its turn)
-    fetch = fetch_remote and is_remote(checkpoint_path) and stock_checkpoint_io(strategy)
-    return RestorePlan(owner, path, placement, settings, checkpoint_path, plan.namespace, plan.host_pid, fetch=fetch)
+    return dataclasses.replace(
+        plan, fetch=fetch_remote and is_remote(checkpoint_path) and stock_checkpoint_io(strategy)
+    )

@@ -17,6 +17,8 @@ from serialized_restore._lightning.versions import read_weights_only, weights_on
 
 log = logging.getLogger(__name__)
 
+MMAP, EAGER = "mmap", "eager"  # how a rank reads: memory-mapped, or into memory as upstream reads
+
 
 @dataclass
 class LoadedCheckpoint:
@@ -40,12 +42,12 @@ def choose_reader(strategy: Any, path: Any, requested: str) -> tuple[str, str | 
     eager read raises upstream's own error, and nothing is said about how it reads)."""
     reason = unmappable_reason(path)
     if reason == "":
-        return "eager", ""
-    if requested == "eager":
-        return "eager", None
+        return EAGER, ""
+    if requested == EAGER:
+        return EAGER, None
     if not stock_checkpoint_io(strategy):
-        return "eager", f"the strategy's CheckpointIO is {type(strategy.checkpoint_io).__name__}, not TorchCheckpointIO"
-    return ("mmap", None) if reason is None else ("eager", reason)
+        return EAGER, f"the strategy's CheckpointIO is {type(strategy.checkpoint_io).__name__}, not TorchCheckpointIO"
+    return (MMAP, None) if reason is None else (EAGER, reason)
 
 
 def stock_checkpoint_io(strategy: Any) -> bool:
@@ -68,7 +70,7 @@ def read_checkpoint(
     passes it to ``owner``'s strategy. Private memory grows by the unpickled containers only (mmap), or by the file
     (eager)."""
     flavour = flavour_of(strategy)
-    if reader == "mmap":
+    if reader == MMAP:
         # as TorchCheckpointIO: keep the device each tensor was saved from
         checkpoint = load_mmap(path, lambda storage, loc: storage, read_weights_only(flavour, weights_only))
     else:

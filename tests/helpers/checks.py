@@ -90,10 +90,6 @@ def shared_job(
     return {r: torch.load(p, weights_only=False) for r, p in rank_files(out).items()}
 
 
-# a turn's end line prints its duration in steps of 10 ms ("ended in 0.31s")
-DURATION_STEP = 0.01
-
-
 def assert_same(a: Any, b: Any, where: str) -> None:
     """Exact (bitwise) equality of nested states."""
     if isinstance(a, torch.Tensor):
