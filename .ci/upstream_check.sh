@@ -10,11 +10,13 @@
 #    2.9.1 for Linux as its CUDA build: measured 148 s and 6.6 GB for a cold install on a 2-core machine.
 # 3. For each patch in order: git apply --check, apply; ruff check + format --check and mypy (master's pyproject.toml)
 #    on every Python file the series has touched so far; that PR's tests (the files it adds or changes under
-#    tests/tests_pytorch/ and tests/tests_fabric/).
+#    tests/tests_pytorch/ and tests/tests_fabric/, each suite in a pytest run of its own as Lightning runs them), then
+#    each of their `RunIf(standalone=True)` tests in a pytest run of its own with PL_RUN_STANDALONE_TESTS=1, as
+#    Lightning's standalone script runs them (they launch their own processes).
 # 4. Each independent PR (INDEPENDENT below) applies alone to pristine master, and its tests pass there.
 # 5. The oldest torch master supports (torch >=2.1.0, so 2.1.2, with numpy <2 as master's test requirements pin it for
-#    Python < 3.12): a second venv runs the tests of the PRs in OLDEST_TORCH_PRS on the whole series (04's torch < 2.3
-#    guard). Measured 90 s and 4.6 GB for a cold install. UPSTREAM_CHECK_OLDEST_TORCH=0 skips this step.
+#    Python < 3.12): a second venv runs the tests of the PRs in OLDEST_TORCH_PRS on the whole series, standalone ones
+#    included. Measured 90 s and 4.6 GB for a cold install. UPSTREAM_CHECK_OLDEST_TORCH=0 skips this step.
 # Aim: under 15 minutes on 2 cores with a warm pip cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,9 +25,10 @@ PYTHON="${PYTHON:-python3}"
 TEST_TIMEOUT=300
 NEWEST_TORCH=2.9.1
 OLDEST_TORCH=2.1.2
-# the pull requests whose tests also run on the oldest torch
-OLDEST_TORCH_PRS=(04-fsdp-full-state)
-# the pull requests a maintainer may merge without the ones before them
+# the pull requests whose tests also run on the oldest torch: all of them (04's FSDP tests skip there, its torch < 2.3
+# path runs)
+OLDEST_TORCH_PRS=(01-mmap 02-partial-restore 03-serialized-loading 04-fsdp-full-state)
+# the pull requests a maintainer may merge without the ones before them (03 and 04 build on 01; 03 also on 02)
 INDEPENDENT=(01-mmap 02-partial-restore)
 
 # pip's notes on index locations this machine lacks are noise here; its errors still fail the step
@@ -73,11 +76,26 @@ quiet_pip "torch==$NEWEST_TORCH" -r "$WORK/test-pins.txt" -r upstream/lint-requi
 
 # the test files a patch adds or changes under tests/tests_pytorch/ or tests/tests_fabric/, relative to tests/ (where Lightning runs pytest)
 tests_of() { sed -n -E 's@^\+\+\+ b/tests/(tests_(pytorch|fabric)/.*\.py)$@\1@p' "$@" | sort -u; }
+pytest_in() {
+  local tree="$1"
+  shift
+  (cd "$tree/tests" && "$VPY" -m pytest -q --color=no -p no:cacheprovider --timeout="$TEST_TIMEOUT" "$@")
+}
+# the tests of the files given, each suite in a run of its own; then each standalone test in a run of its own
 run_tests() {
-  local tree="$1" name="$2"
+  local tree="$1" name="$2" suite files standalone
   shift 2
-  (cd "$tree/tests" && "$VPY" -m pytest -q --color=no -p no:cacheprovider --timeout="$TEST_TIMEOUT" "$@") \
-    || fail "the tests of $name fail"
+  for suite in tests_pytorch tests_fabric; do
+    mapfile -t files < <(printf '%s\n' "$@" | grep "^$suite/" || true)
+    [ "${#files[@]}" -gt 0 ] || continue
+    pytest_in "$tree" "${files[@]}" || fail "the tests of $name fail ($suite)"
+    # `RunIf(standalone=True)` tests are skipped above; Lightning's conftest keeps only them under this variable
+    mapfile -t standalone < <(PL_RUN_STANDALONE_TESTS=1 pytest_in "$tree" --collect-only -q "${files[@]}" \
+      | grep '::' || true)
+    for test in "${standalone[@]}"; do
+      PL_RUN_STANDALONE_TESTS=1 pytest_in "$tree" "$test" || fail "the standalone test $test of $name fails"
+    done
+  done
 }
 
 for index in "${!SERIES[@]}"; do

@@ -17,16 +17,16 @@ restore and the strategy's setup; the same for every variant).
 
 Which Lightning runs is chosen by ``PYTHONPATH``: ``--master`` and ``--patched`` name two ``src/`` folders (the
 pristine snapshot and the snapshot with the series applied, ``upstream/series.py apply``). ``--variants`` are the
-patched runs: ``turns`` (``serialized_checkpoint_loading=True``), ``mmap`` (``TorchCheckpointIO(mmap=True)``, PR 01),
-``mmap+turns``, ``plain`` (no flag: PR 04 under FSDP). ``--legacy`` saves the checkpoint in torch's legacy (non-zip)
-format, which cannot be memory-mapped (PR 01 falls back to reading it into memory): the case PR 03 is for. Small sizes
-only: this is meant for a shared machine.
+patched runs: ``turns`` (``serialized_checkpoint_loading=True``), ``mmap`` (``TorchCheckpointIO(mmap=True)``, PR 01;
+under FSDP, PR 04, whose full-state load honours it), ``mmap+turns``, ``plain`` (no flag). ``--legacy`` saves the
+checkpoint in torch's legacy (non-zip) format, which cannot be memory-mapped (PR 01 falls back to reading it into
+memory): the case PR 03 is for. Small sizes only: this is meant for a shared machine.
 
     python upstream/measure_turns.py --master M/src --patched P/src --sizes 8 --devices 2 4 --variants turns mmap
     python upstream/measure_turns.py --master M/src --patched P/src --sizes 8 --devices 2 4 --legacy \
         --variants mmap mmap+turns
     python upstream/measure_turns.py --master M/src --patched P/src --sizes 8 --devices 2 4 --fns fit \
-        --strategy fsdp --variants plain
+        --strategy fsdp --variants mmap
 """
 
 from __future__ import annotations
