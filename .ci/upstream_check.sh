@@ -11,8 +11,9 @@
 # 3. For each patch in order: git apply --check, apply; ruff check + format --check and mypy (master's pyproject.toml)
 #    on every Python file the series has touched so far; that PR's tests (the files it adds or changes under
 #    tests/tests_pytorch/ and tests/tests_fabric/, each suite in a pytest run of its own as Lightning runs them), then
-#    each of their `RunIf(standalone=True)` tests in a pytest run of its own with PL_RUN_STANDALONE_TESTS=1, as
-#    Lightning's standalone script runs them (they launch their own processes).
+#    each `RunIf(standalone=True)` test the PR adds in a pytest run of its own with PL_RUN_STANDALONE_TESTS=1, as
+#    Lightning's standalone script runs them (they launch their own processes; master's ones in the same files need
+#    GPUs).
 # 4. Each independent PR (INDEPENDENT below) applies alone to pristine master, and its tests pass there.
 # 5. The oldest torch master supports (torch >=2.1.0, so 2.1.2, with numpy <2 as master's test requirements pin it for
 #    Python < 3.12): a second venv runs the tests of the PRs in OLDEST_TORCH_PRS on the whole series, standalone ones
@@ -81,17 +82,22 @@ pytest_in() {
   shift
   (cd "$tree/tests" && "$VPY" -m pytest -q --color=no -p no:cacheprovider --timeout="$TEST_TIMEOUT" "$@")
 }
-# the tests of the files given, each suite in a run of its own; then each standalone test in a run of its own
+# the test functions a patch adds
+tests_added_by() { sed -n -E 's/^\+def (test_[A-Za-z0-9_]+)\(.*/\1/p' "$1" | sort -u; }
+# the tests of the files given, each suite in a run of its own; then each standalone test the patch adds (those of
+# master in the same files need GPUs) in a run of its own
 run_tests() {
-  local tree="$1" name="$2" suite files standalone
-  shift 2
+  local tree="$1" name="$2" patch="$3" suite files standalone added
+  shift 3
+  mapfile -t added < <(tests_added_by "$patch")
   for suite in tests_pytorch tests_fabric; do
     mapfile -t files < <(printf '%s\n' "$@" | grep "^$suite/" || true)
     [ "${#files[@]}" -gt 0 ] || continue
     pytest_in "$tree" "${files[@]}" || fail "the tests of $name fail ($suite)"
-    # `RunIf(standalone=True)` tests are skipped above; Lightning's conftest keeps only them under this variable
-    mapfile -t standalone < <(PL_RUN_STANDALONE_TESTS=1 pytest_in "$tree" --collect-only -q "${files[@]}" \
-      | grep '::' || true)
+    # `RunIf(standalone=True)` tests are skipped above; Lightning's conftest keeps only them under this variable.
+    # pytest names them relative to the tree (its rootdir), and runs here in tests/
+    mapfile -t standalone < <(PL_RUN_STANDALONE_TESTS=1 pytest_in "$tree" --collect-only "${files[@]}" \
+      | sed -n 's@^tests/\(tests_.*::.*\)$@\1@p' | grep -E "::($(IFS='|'; echo "${added[*]:-none}"))(\[|$)" || true)
     for test in "${standalone[@]}"; do
       PL_RUN_STANDALONE_TESTS=1 pytest_in "$tree" "$test" || fail "the standalone test $test of $name fails"
     done
@@ -126,7 +132,7 @@ for index in "${!SERIES[@]}"; do
   mapfile -t TESTS < <(tests_of "$PATCH")
   [ "${#TESTS[@]}" -gt 0 ] || fail "$NAME changes no test under tests/tests_pytorch/ or tests/tests_fabric/"
   step "$NAME: its tests (${TESTS[*]})"
-  run_tests "$TREE" "$NAME" "${TESTS[@]}"
+  run_tests "$TREE" "$NAME" "$PATCH" "${TESTS[@]}"
 done
 
 for NAME in "${INDEPENDENT[@]}"; do
@@ -139,7 +145,7 @@ for NAME in "${INDEPENDENT[@]}"; do
   git -C "$ALONE" apply "$PATCH"
   mapfile -t TESTS < <(tests_of "$PATCH")
   # the venv's lightning is the series tree; this tree's src/ comes first on the path
-  PYTHONPATH="$ALONE/src" run_tests "$ALONE" "$NAME (alone)" "${TESTS[@]}"
+  PYTHONPATH="$ALONE/src" run_tests "$ALONE" "$NAME (alone)" "$PATCH" "${TESTS[@]}"
 done
 
 if [ "${UPSTREAM_CHECK_OLDEST_TORCH:-1}" != 0 ]; then
@@ -153,7 +159,7 @@ if [ "${UPSTREAM_CHECK_OLDEST_TORCH:-1}" != 0 ]; then
   for NAME in "${OLDEST_TORCH_PRS[@]}"; do
     mapfile -t TESTS < <(tests_of "upstream/series/$NAME.patch")
     step "$NAME: its tests on torch $OLDEST_TORCH (${TESTS[*]})"
-    run_tests "$TREE" "$NAME (torch $OLDEST_TORCH)" "${TESTS[@]}"
+    run_tests "$TREE" "$NAME (torch $OLDEST_TORCH)" "upstream/series/$NAME.patch" "${TESTS[@]}"
   done
   VPY="$NEWEST_VPY"
 fi
