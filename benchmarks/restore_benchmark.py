@@ -16,8 +16,8 @@ resume on a node that does not hold it; the run stops if a page stays), or both,
 by a cold sequential read of the same file (8 MiB reads into one reused buffer, as ``dd``): the storage's own rate,
 in the same run.
 
-    python benchmarks/restore_benchmark.py             # default run, 8M, 40M, 126M parameters, 3 jobs per cell
-                                                       # (about 40 minutes on 2 idle cores): docs/benchmarks.md,
+    python benchmarks/restore_benchmark.py             # default run, 8M and 126M parameters, 3 jobs per cell (about
+                                                       # 14 minutes on 2 idle cores): docs/benchmarks.md,
                                                        # docs/benchmark_results.json (the warm records)
     python benchmarks/restore_benchmark.py --quick     # smoke run (8M parameters, N = 1, 2, 1 job per cell; 2-3
                                                        # minutes): bench_output/quick/
@@ -38,6 +38,10 @@ in the same run.
 smallest sensible N on. The other committed pages come from such runs (``--no-docs``; the page is the run's
 ``report.md``, its plots go to ``docs/img/<page>/``):
 
+    --modes others --devices 4 --params 126000000 --output-dir bench_output/others --no-docs
+                                                       # the anchors (mmap-plugin, proposal-2021) and the other
+                                                       # families (FSDP, ZeRO, OSS, Fabric): modes.OTHERS, about 25
+                                                       # minutes
     --modes fabric-fsdp-upstream,fabric-fsdp-ours,fabric-upstream,fabric-ours --devices 2,4
         --output-dir bench_output/fabric --no-docs      # docs/benchmarks_fabric_sizes.md
     --modes upstream,ours-true-eager,ours-true --devices 2,4 --output-dir bench_output/eager --no-docs
@@ -78,10 +82,11 @@ from benchmarks import _measure, report  # noqa: E402
 from benchmarks._measure import CACHES, GIB, READ_CHUNK, JobFailed  # noqa: E402
 from benchmarks._prefetch import cold_read, timed_read  # noqa: E402
 from benchmarks._sampler import FAST_INTERVAL  # noqa: E402
-from benchmarks.modes import BASELINES, DEFAULT, MEASURED, MODES, baseline_of, family_of  # noqa: E402
+from benchmarks.modes import BASELINES, DEFAULT, MEASURED, MODES, OTHERS, baseline_of, family_of  # noqa: E402
 from harness.processes import fresh_job_env, run_to_exit  # noqa: E402
 
 SIZES = (8_000_000, 40_000_000, 126_000_000)  # an 8-layer MLP; S ~ 12 bytes per parameter (weights + Adam)
+DEFAULT_SIZES = (8_000_000, 126_000_000)  # the default run's: 3 jobs per cell at three sizes would take 18 minutes
 DEPTH = 8
 TRAIN_STEPS = 3  # Adam steps taken before the checkpoint is saved
 DEVICES = (1, 2, 4)
@@ -116,7 +121,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     add(
         "--modes",
         type=_names,
-        help=f"modes (default {','.join(DEFAULT)}; any of {','.join(MEASURED)})",
+        help=f"modes (default {','.join(DEFAULT)}; any of {','.join(MEASURED)}; `others`: {','.join(OTHERS)})",
     )
     add("--entries", type=_names, help="entry points (default fit,validate)")
     add("--repeats", type=int, help="measured jobs per cell (default 3; --quick 1): medians and their range")
@@ -143,9 +148,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         parser.error("--quick, --whole-only and --cold are runs of their own: give one")
     args.default_plan = not (args.quick or args.modes or args.devices)
     kind = args.kind = "quick" if args.quick else "whole" if args.whole_only else "cold" if args.cold else "full"
-    args.params = tuple(sorted(set(args.params or (QUICK["params"] if args.quick else SIZES))))
+    default_sizes = DEFAULT_SIZES if kind == "full" and args.default_plan else SIZES
+    args.params = tuple(sorted(set(args.params or (QUICK["params"] if args.quick else default_sizes))))
     args.devices = args.devices or (QUICK["devices"] if args.quick else (2, 4) if args.cold else DEVICES)
     args.modes = args.modes or (QUICK["modes"] if args.quick else tuple(COLD["largest"]) if args.cold else DEFAULT)
+    args.modes = tuple(m for name in args.modes for m in (OTHERS if name == "others" else (name,)))
     args.entries = args.entries or ENTRIES
     args.whole_modes = args.whole_modes or WHOLE_MODES
     unknown = [m for m in args.modes + args.whole_modes if m not in MEASURED]
