@@ -503,13 +503,21 @@ def fabric_restore(config: dict[str, Any]) -> None:
 
 def copy_floor(config: dict[str, Any]) -> None:
     """(every rank, launched as a Fabric DDP job) The floor's copy, each phase with all ranks at once after a barrier,
-    and marked. First, from a fresh mapping of the checkpoint (``torch.load(mmap=True)``: no page of it mapped in this
-    process yet), what a rank keeps copied into freshly allocated tensors (``torch.empty_like`` then ``copy_``: each
-    new page's first touch included, as a restore's copy of the optimizer state pays it): the weights
-    (``params_fresh``), then the optimizer state (``optimizer_fresh``). Then, from another fresh mapping, the same
-    into tensors allocated and written beforehand (the model's own weights are such memory): ``params``,
-    ``optimizer``."""
+    and marked, ``config["repeats"]`` times (one ``copied`` marker per rank and repeat). First, from a fresh mapping
+    of the checkpoint (``torch.load(mmap=True)``: no page of it mapped in this process yet), what a rank keeps copied
+    into freshly allocated tensors (``torch.empty_like`` then ``copy_``: each new page's first touch included, as a
+    restore's copy of the optimizer state pays it; freed again after the phase): the weights (``params_fresh``), then
+    the optimizer state (``optimizer_fresh``). Then, from another fresh mapping, the same into tensors allocated and
+    written beforehand (the model's own weights are such memory): ``params``, ``optimizer``."""
     fabric = _fabric({**config, "strategy": "ddp"})
+    for repeat in range(config.get("repeats", 1)):
+        _copy_once(config, fabric, repeat)
+    fabric.barrier()
+    os._exit(0)
+
+
+def _copy_once(config: dict[str, Any], fabric: Any, repeat: int) -> None:
+    """One repeat of ``copy_floor``'s phases."""
 
     def kept() -> dict[str, list[torch.Tensor]]:
         checkpoint = torch.load(config["ckpt_path"], mmap=True, weights_only=False, map_location="cpu")
@@ -538,9 +546,7 @@ def copy_floor(config: dict[str, Any]) -> None:
         for target, source in zip(private[phase], tensors):
             target.copy_(source)
         times.update({phase: (started, time.time()), f"{phase}_bytes": sum(t.nbytes for t in tensors)})
-    _mark(Path(config["out"]), fabric.global_rank, "copied", **times)
-    fabric.barrier()
-    os._exit(0)
+    _mark(Path(config["out"]), fabric.global_rank, "copied", repeat=repeat, **times)
 
 
 def main(config: dict[str, Any]) -> None:

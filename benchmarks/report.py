@@ -485,10 +485,10 @@ alternating; *restore*: from the first rank's Trainer `setup` to the last rank's
 
 
 def _spread(value: Optional[float], spread: Optional[list[float]], digits: int = 2) -> str:
-    """A median with its range, ``1.23 (1.10-1.50)``."""
+    """A median with its range, ``1.23 (1.10 to 1.50)``."""
     if value is None:
         return "–"
-    return f"{value:.{digits}f}" + (f" ({spread[0]:.{digits}f}-{spread[1]:.{digits}f})" if spread else "")
+    return f"{value:.{digits}f}" + (f" ({spread[0]:.{digits}f} to {spread[1]:.{digits}f})" if spread else "")
 
 
 def cold_section(results: dict[str, Any], recs: list[Record], image_dir: str) -> list[str]:

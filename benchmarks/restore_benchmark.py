@@ -464,8 +464,8 @@ def measure_floor(
     ranks at once (a Fabric DDP job, launched as the restores are: ``_job.copy_floor``) copying what each keeps from
     the memory-mapped checkpoint: into freshly allocated memory (``*_fresh_s``: first touch included) and into memory
     allocated and written beforehand (``params_s``, ``optimizer_s``); the weights, then, after a barrier, the
-    optimizer state, each phase from the first rank's start to the last rank's end: the median of ``repeats`` jobs
-    per N (taking turns over N), each job's in ``*_all_s``. The floor (``report.records``) takes the weights into
+    optimizer state, each phase from the first rank's start to the last rank's end: the median of ``repeats``
+    repeats in one job per N, each repeat's in ``*_all_s``. The floor (``report.records``) takes the weights into
     memory written beforehand (the model's own, which the job without a checkpoint has too) and the optimizer state
     into new memory."""
     _measure.warm_page_cache(checkpoint.path)
@@ -475,23 +475,24 @@ def measure_floor(
         floor["cold_read_all_s"] = [cold_read(checkpoint.path, READ_CHUNK) for _ in range(3)]
         floor["cold_read_s"] = statistics.median(floor["cold_read_all_s"])
         _measure.warm_page_cache(checkpoint.path)
-    copies: dict[int, dict[str, Any]] = {n: {"devices": n} for n in devices}
-    for repeat in range(repeats):
-        for n in devices:
-            out = run_dir / f"copy-n{n}" / f"r{repeat}" if repeats > 1 else run_dir / f"copy-n{n}"
-            config = {"action": "copy", "out": str(out), "devices": n, "ckpt_path": str(checkpoint.path)}
-            _measure.run_job(config, timeout=timeout, sample=False)
-            marks = [m for m in _measure.markers(out) if m["event"] == "copied"]
-            if len(marks) != n:
-                raise JobFailed(f"copy job in {out}: {len(marks)} of {n} ranks reported")
-            copy = copies[n]
-            for phase in ("params", "optimizer"):
-                for name in (phase, f"{phase}_fresh"):
-                    seconds = max(m[name][1] for m in marks) - min(m[name][0] for m in marks)
-                    copy.setdefault(f"{name}_all_s", []).append(seconds)
-                    copy[f"{name}_s"] = statistics.median(copy[f"{name}_all_s"])
-                copy[f"{phase}_bytes"] = sum(m[f"{phase}_bytes"] for m in marks)
-    floor["copy"] = list(copies.values())
+    copies = []
+    for n in devices:
+        out = run_dir / f"copy-n{n}"
+        config = {"action": "copy", "out": str(out), "devices": n, "ckpt_path": str(checkpoint.path)}
+        config["repeats"] = repeats
+        _measure.run_job(config, timeout=timeout, sample=False)
+        marks = [m for m in _measure.markers(out) if m["event"] == "copied"]
+        if len(marks) != n * repeats:
+            raise JobFailed(f"copy job in {out}: {len(marks)} of {n} x {repeats} ranks and repeats reported")
+        copy: dict[str, Any] = {"devices": n}
+        for phase in ("params", "optimizer"):
+            for name in (phase, f"{phase}_fresh"):
+                each = [[m for m in marks if m.get("repeat", 0) == repeat] for repeat in range(repeats)]
+                copy[f"{name}_all_s"] = [max(m[name][1] for m in r) - min(m[name][0] for m in r) for r in each]
+                copy[f"{name}_s"] = statistics.median(copy[f"{name}_all_s"])
+            copy[f"{phase}_bytes"] = sum(m[f"{phase}_bytes"] for m in marks if m.get("repeat", 0) == 0)
+        copies.append(copy)
+    floor["copy"] = copies
     return floor
 
 
@@ -514,7 +515,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for params in args.params:
             jobs = with_caches(plan(args, params), args.caches, baseline=lambda job: job[2] in BASELINES)
             whole = with_caches(whole_plan(args, params), args.caches)
-            floors = len({n for n, *_ in jobs + whole}) * args.repeats
+            floors = len({n for n, *_ in jobs + whole})
             total += len(jobs) + len(whole) + floors
             print(
                 f"{params:,} parameters: {len(jobs)} memory jobs, {len(whole)} whole-process jobs, {floors} copy jobs"
