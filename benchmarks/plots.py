@@ -209,7 +209,7 @@ def plot_cold(recs: list[dict[str, Any]], results: dict[str, Any], out: Path) ->
         ax.set(xlabel="checkpoint size S (GiB)", title=f"{entry}: restore window from storage (cold)")
         ax.title.set_fontsize(10)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("seconds (dotted, small dots: the same mode warm)")
+    axes[0][0].set_ylabel("seconds (solid: cold; dotted: the same mode warm)")
     axes[0][0].legend(fontsize=7, loc="upper left")
     fig.suptitle(f"Cold resumes: the checkpoint dropped from the page cache before each job; gloo on CPU,"
                  f" {results['machine']['cores']} cores", fontsize=10)  # fmt: skip

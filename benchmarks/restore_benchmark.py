@@ -28,10 +28,10 @@ in the same run.
                                                        # upstream, ours-true, ours-1, ours-true-eager at N = 2 and 4
                                                        # at 126M, fit and validate, and whole processes (upstream,
                                                        # ours-true); upstream and ours-true at N = 4 at 8M and 40M
-                                                       # (the time against S); about 45 minutes: the section "Cold
-                                                       # resumes" of docs/benchmarks.md, its plot, the cold records
-                                                       # of docs/benchmark_results.json
-    python benchmarks/restore_benchmark.py --cold --params 126000000   # the same at 126M only (about 35 minutes)
+                                                       # (the time against S); 204 jobs, about an hour on 2 cores:
+                                                       # the section "Cold resumes" of docs/benchmarks.md, its plot,
+                                                       # the cold records of docs/benchmark_results.json
+    python benchmarks/restore_benchmark.py --cold --params 126000000   # the same at 126M only (132 jobs)
     python benchmarks/report.py bench_output/full/results.json --docs   # the report again, from a run's results
 
 ``--modes`` / ``--devices`` / ``--params`` / ``--entries`` measure other cells: each mode at every N given from its
