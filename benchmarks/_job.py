@@ -12,13 +12,20 @@ also records the bytes of optimizer state it holds (kept for training, so not re
 still lie in a memory-mapped file (``mmap-plugin``: ``Optimizer.load_state_dict`` keeps the loaded tensors, so the
 state stays in the checkpoint's copy-on-write mapping until the first step writes it). After a barrier it compares
 what it restored with the checkpoint, bit for bit, writes ``rank<global rank>.json`` and, after one more barrier,
-leaves with ``os._exit(0)``: nothing after the window is measured. The restore path itself is untouched.
+leaves with ``os._exit(0)``: nothing after the window is measured. The restore path itself is untouched. The
+``start`` and ``end`` markers also carry the rank's page faults and storage reads so far (``_io``).
+
+A mode with a ``prefetch`` (``modes.py``) has the launcher's first process start one prefetcher process
+(``_prefetch.py``) for the node: as that process starts, before its imports (``@start``), or right before it calls
+``trainer.fit`` / ``validate`` (``@fit``, where the package knows the path); it is stopped, if still running, at the
+end of the restore window (whole-process jobs: at ``on_fit_end``), so that it never outlives the restore.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -26,8 +33,38 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
-from torch.utils.data import DataLoader, TensorDataset
+PREFETCH_CHUNK = 8 * 2**20
+_prefetcher: Optional[subprocess.Popen] = None
+
+
+def _start_prefetch(config: dict[str, Any], when: str) -> None:
+    """(the launcher's first process) Start the node's one prefetcher if the job's mode prefetches ``when``."""
+    global _prefetcher
+    style, _, at = (config.get("prefetch") or "").partition("@")
+    if not style or at != when or _prefetcher is not None or not config.get("ckpt_path"):
+        return
+    if any(os.environ.get(v) not in (None, "0") for v in ("LOCAL_RANK", "RANK")):
+        return  # a rank the launcher started: the first process prefetches for the node
+    script = Path(__file__).with_name("_prefetch.py")
+    args = [sys.executable, "-S", str(script), config["out"], config["ckpt_path"], style, str(PREFETCH_CHUNK)]
+    _prefetcher = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+
+
+def _stop_prefetch() -> None:
+    """(the process that started it) End the prefetcher if it still runs, and reap it."""
+    global _prefetcher
+    if _prefetcher is not None:
+        if _prefetcher.poll() is None:
+            _prefetcher.terminate()
+        _prefetcher.wait()
+        _prefetcher = None
+
+
+if __name__ == "__main__":
+    _start_prefetch(json.loads(sys.argv[1]), "start")
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -98,7 +135,8 @@ class BenchMLP(RegressionSteps, pl.LightningModule):
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.run:
-            _mark(Path(self.run["out"]), self.global_rank, "start")
+            _mark(Path(self.run["out"]), self.global_rank, "start", **_io())
+            _profile_window(start=True)
 
     def on_train_start(self) -> None:
         self._end_window()
@@ -146,8 +184,10 @@ def _finish(
     compare what was restored with the checkpoint (loaded memory-mapped), write ``rank<rank>.json`` and, once every
     rank has, leave at once: teardown and interpreter shutdown would cost seconds per job, and are not measured."""
     out = Path(run["out"])
+    _profile_window(start=False, path=out / f"rank{rank}.prof")
     held, mapped = _host_optimizer_state_bytes(optimizers)
-    _mark(out, rank, "end", optimizer_state_bytes=held, optimizer_state_mapped_bytes=mapped)
+    _mark(out, rank, "end", optimizer_state_bytes=held, optimizer_state_mapped_bytes=mapped, **_io())
+    _stop_prefetch()
     barrier()  # nobody starts checking (which maps the file) before every rank has left the window
     checked = bool(run.get("ckpt_path"))
     reference = torch.load(run["ckpt_path"], mmap=True, weights_only=False, map_location="cpu") if checked else None
@@ -239,6 +279,42 @@ def _mark(out: Path, rank: int, event: str, **extra: Any) -> None:
         f.write(line + "\n")
 
 
+_profiler: Any = None
+
+
+def _profile_window(start: bool, path: Optional[Path] = None) -> None:
+    """With ``BENCH_PROFILE_WINDOW=1`` in the environment, each rank profiles its restore window with ``cProfile``
+    and writes the stats to ``rank<global rank>.prof`` in the run directory (``python -m pstats``); otherwise
+    nothing. For finding where a restore's own time goes, not for the measured runs: profiling slows Python code."""
+    global _profiler
+    if os.environ.get("BENCH_PROFILE_WINDOW") != "1":
+        return
+    import cProfile
+
+    if start:
+        _profiler = cProfile.Profile()
+        _profiler.enable()
+    elif _profiler is not None:
+        _profiler.disable()
+        _profiler.dump_stats(str(path))
+        _profiler = None
+
+
+def _io() -> dict[str, int]:
+    """This process's page faults (major: the page had to be read from storage) and bytes it caused to be read from
+    storage, so far."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    found = {"major_faults": usage.ru_majflt, "minor_faults": usage.ru_minflt, "read_bytes": 0}
+    try:
+        with open("/proc/self/io") as f:
+            found["read_bytes"] = next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    except (OSError, StopIteration):
+        pass
+    return found
+
+
 def _host_optimizer_state_bytes(optimizers: list[Any]) -> tuple[int, int]:
     """Bytes of the optimizers' state in host memory (a GPU's is counted by ``gpu_bytes``), and the part of it that
     still lies in memory-mapped file pages."""
@@ -324,9 +400,11 @@ def restore(config: dict[str, Any]) -> None:
     data = _data(config["width"], 8 * config["devices"], 4)
     if config["entry"] == "fit":
         trainer = _trainer(config, max_steps=config["global_step"] + 1)
+        _start_prefetch(config, "fit")
         trainer.fit(model, train_dataloaders=data, ckpt_path=config.get("ckpt_path"))
     else:
         trainer = _trainer(config, limit_val_batches=1)
+        _start_prefetch(config, "fit")
         trainer.validate(model, dataloaders=data, ckpt_path=config.get("ckpt_path"), verbose=False)
 
 
@@ -338,13 +416,14 @@ class PhaseMarks(pl.Callback):
         self.out = out
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        _mark(self.out, trainer.global_rank, "setup")
+        _mark(self.out, trainer.global_rank, "setup", **_io())
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         _mark(self.out, trainer.global_rank, "fit_start")
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _mark(self.out, trainer.global_rank, "fit_end")
+        _mark(self.out, trainer.global_rank, "fit_end", **_io())
+        _stop_prefetch()
 
 
 def resume_whole(config: dict[str, Any]) -> None:
@@ -368,6 +447,7 @@ def resume_whole(config: dict[str, Any]) -> None:
     torch.manual_seed(0)
     model = BenchMLP(config["width"], config["depth"], zero_init=True)
     trainer = _trainer(config, max_steps=config["global_step"], callbacks=[PhaseMarks(out)])
+    _start_prefetch(config, "fit")
     trainer.fit(
         model, train_dataloaders=_data(config["width"], 8 * config["devices"], 4), ckpt_path=config["ckpt_path"]
     )
@@ -422,27 +502,51 @@ def fabric_restore(config: dict[str, Any]) -> None:
 
 
 def copy_floor(config: dict[str, Any]) -> None:
-    """(every rank, launched as a Fabric DDP job) The floor's copy: map the checkpoint (``torch.load(mmap=True)``),
-    allocate private tensors for what a rank keeps (every page written, as a model's and an optimizer's are), then
-    with all ranks at once copy the weights into them and, after a barrier, the optimizer state; mark each phase."""
+    """(every rank, launched as a Fabric DDP job) The floor's copy, each phase with all ranks at once after a barrier,
+    and marked, ``config["repeats"]`` times (one ``copied`` marker per rank and repeat). First, from a fresh mapping
+    of the checkpoint (``torch.load(mmap=True)``: no page of it mapped in this process yet), what a rank keeps copied
+    into freshly allocated tensors (``torch.empty_like`` then ``copy_``: each new page's first touch included, as a
+    restore's copy of the optimizer state pays it; freed again after the phase): the weights (``params_fresh``), then
+    the optimizer state (``optimizer_fresh``). Then, from another fresh mapping, the same into tensors allocated and
+    written beforehand (the model's own weights are such memory): ``params``, ``optimizer``."""
     fabric = _fabric({**config, "strategy": "ddp"})
-    checkpoint = torch.load(config["ckpt_path"], mmap=True, weights_only=False, map_location="cpu")
-    states = [state for optimizer in checkpoint["optimizer_states"] for state in optimizer["state"].values()]
-    kept = {
-        "params": list(checkpoint["state_dict"].values()),
-        "optimizer": [value for state in states for value in state.values() if isinstance(value, torch.Tensor)],
-    }
-    private = {phase: [torch.zeros_like(t) for t in tensors] for phase, tensors in kept.items()}
+    for repeat in range(config.get("repeats", 1)):
+        _copy_once(config, fabric, repeat)
+    fabric.barrier()
+    os._exit(0)
+
+
+def _copy_once(config: dict[str, Any], fabric: Any, repeat: int) -> None:
+    """One repeat of ``copy_floor``'s phases."""
+
+    def kept() -> dict[str, list[torch.Tensor]]:
+        checkpoint = torch.load(config["ckpt_path"], mmap=True, weights_only=False, map_location="cpu")
+        states = [state for optimizer in checkpoint["optimizer_states"] for state in optimizer["state"].values()]
+        return {
+            "params": list(checkpoint["state_dict"].values()),
+            "optimizer": [value for state in states for value in state.values() if isinstance(value, torch.Tensor)],
+        }
+
     times: dict[str, Any] = {}
-    for phase, tensors in kept.items():
+    sources = kept()
+    for phase, tensors in sources.items():
+        fabric.barrier()
+        started = time.time()
+        fresh = [torch.empty_like(t) for t in tensors]
+        for target, source in zip(fresh, tensors):
+            target.copy_(source)
+        times[f"{phase}_fresh"] = (started, time.time())
+        del fresh
+    del sources
+    sources = kept()
+    private = {phase: [torch.zeros_like(t) for t in tensors] for phase, tensors in sources.items()}
+    for phase, tensors in sources.items():
         fabric.barrier()
         started = time.time()
         for target, source in zip(private[phase], tensors):
             target.copy_(source)
         times.update({phase: (started, time.time()), f"{phase}_bytes": sum(t.nbytes for t in tensors)})
-    _mark(Path(config["out"]), fabric.global_rank, "copied", **times)
-    fabric.barrier()
-    os._exit(0)
+    _mark(Path(config["out"]), fabric.global_rank, "copied", repeat=repeat, **times)
 
 
 def main(config: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 import psutil
 
+from benchmarks._prefetch import cold_read, drop_cached, fill_cache, resident_bytes
 from benchmarks._sampler import TreeSampler, system_busy_seconds
 from benchmarks.modes import BASELINES, FAMILIES, MODES
 from harness.processes import fresh_job_env, job_session
@@ -29,6 +30,8 @@ JOB = Path(__file__).with_name("_job.py")
 GIB = 2**30
 TIMELINE_MARGIN = 1.0
 TIMELINE_BIN = 0.02
+CACHES = ("warm", "cold")
+READ_CHUNK = 8 * 2**20  # the storage's sequential read (and the floor's read): one reused buffer of this size
 
 
 class JobFailed(RuntimeError):
@@ -127,8 +130,30 @@ def job_config(mode: str, entry: str, devices: int, checkpoint: CheckpointInfo, 
         "depth": checkpoint.depth,
         "global_step": checkpoint.global_step,
         "ckpt_path": None if ckpt_path is None else str(ckpt_path),
+        "prefetch": spec.prefetch or None,
         **{k: v for k, v in extra.items() if v is not None},
     }
+
+
+def prepare_cache(path: Optional[str], cache: str, measure_read: bool = True) -> dict[str, Any]:
+    """Put the checkpoint at ``path`` (a job's ``ckpt_path``; a baseline has none) in the page cache state ``cache``
+    names, checked with ``mincore`` (``_prefetch.CacheError`` otherwise): ``warm``, every page resident; ``cold``,
+    none. For ``cold`` and ``measure_read``, first one cold sequential read of the file (``READ_CHUNK`` bytes at a
+    time into one reused buffer, pages dropped before): the storage's own rate right before the job. Returns what
+    was done: ``cache``, ``cold_read_s`` (or ``None``), ``resident_bytes`` (as the job starts)."""
+    done: dict[str, Any] = {"cache": cache, "cold_read_s": None, "resident_bytes": None}
+    if path is None:
+        return done
+    if cache == "cold":
+        if measure_read:
+            done["cold_read_s"] = cold_read(path, READ_CHUNK)
+        drop_cached(path)
+    elif cache == "warm":
+        fill_cache(path)
+    else:
+        raise ValueError(f"cache {cache!r}: one of {', '.join(CACHES)}")
+    done["resident_bytes"] = resident_bytes(path)
+    return done
 
 
 def reader_env(mode: str) -> dict[str, str]:
@@ -225,10 +250,8 @@ def fabric_checkpoint(path: Path) -> Path:
 
 
 def warm_page_cache(path: Path) -> None:
-    """Read the file once, so that every measured run finds it in the page cache."""
-    with open(path, "rb") as f:
-        while f.read(64 * 2**20):
-            pass
+    """Read the file, so that every measured run finds it in the page cache (checked: ``_prefetch.fill_cache``)."""
+    fill_cache(path)
 
 
 # ---------------------------------------------------------------- one restore
@@ -273,6 +296,18 @@ class RestoreRun:
     gpu_bytes: Optional[int] = None
     gpu_peak_bytes: Optional[int] = None
     timeline: list[tuple[float, int]] = field(default_factory=list)
+    # the page cache as the job started (``prepare_cache``): ``warm`` or ``cold``, the storage's cold sequential read
+    # of the file right before it (cold only), the file's bytes resident as the job started
+    cache: str = "warm"
+    cold_read_s: Optional[float] = None
+    resident_bytes: Optional[int] = None
+    # all ranks' page faults inside the window (major: read from storage) and bytes they had read from storage
+    major_faults: Optional[int] = None
+    minor_faults: Optional[int] = None
+    read_bytes: Optional[int] = None
+    # the benchmark's prefetcher (a ``prefetch`` mode): its start and end in seconds from the window's start, how it
+    # ended, and the file's bytes resident then
+    prefetch: Optional[dict[str, Any]] = None
 
     @property
     def window(self) -> float:
@@ -293,12 +328,19 @@ def measure_restore(
     preexec_fn: Optional[Callable[[], None]] = None,
     accelerator: str = "cpu",
     strategy: Optional[str] = None,
+    cache: Optional[str] = None,
 ) -> RestoreRun:
     """Run one restore (or, for a baseline, the same job without a checkpoint) and measure it. ``strategy`` replaces
-    the family's own: ``fsdp`` for Lightning's stock ``FSDPStrategy`` on GPU."""
+    the family's own: ``fsdp`` for Lightning's stock ``FSDPStrategy`` on GPU. ``cache``: the checkpoint's pages are
+    made resident (``warm``) or dropped (``cold``) right before the job (``prepare_cache``); ``None`` leaves the page
+    cache as it is (the caller warmed it once)."""
     config = job_config(mode, entry, devices, checkpoint, run_dir, accelerator=accelerator, strategy=strategy)
+    prepared = prepare_cache(config["ckpt_path"], cache) if cache else {}
     outcome = run_job(config, timeout=timeout, env=reader_env(mode), preexec_fn=preexec_fn)
-    return analyse(outcome, mode=mode, entry=entry, devices=devices)
+    run = analyse(outcome, mode=mode, entry=entry, devices=devices)
+    run.cache = cache or "warm"
+    run.cold_read_s, run.resident_bytes = prepared.get("cold_read_s"), prepared.get("resident_bytes")
+    return run
 
 
 def analyse(outcome: JobOutcome, *, mode: str, entry: str, devices: int) -> RestoreRun:
@@ -315,6 +357,17 @@ def analyse(outcome: JobOutcome, *, mode: str, entry: str, devices: int) -> Rest
             f" {len(starts)} starts, {len(ends)} ends, {len(ranks)} reports:\n{log_tail(run_dir)}"
         )
     start, end = min(starts), max(m["t"] for m in ends)
+    io = {}
+    for key in ("major_faults", "minor_faults", "read_bytes"):
+        before = {m["rank"]: m[key] for m in marks if m["event"] == "start" and key in m}
+        after = {m["rank"]: m[key] for m in marks if m["event"] == "end" and key in m}
+        io[key] = sum(after[r] - before[r] for r in after if r in before) if before else None
+    prefetch = None
+    if began := [m for m in marks if m["event"] == "prefetch_start"]:
+        ended = [m for m in marks if m["event"] == "prefetch_end"]
+        prefetch = {"start_s": began[0]["t"] - start, "resident_at_start": began[0]["resident"]}
+        if ended:
+            prefetch.update(end_s=ended[0]["t"] - start, how=ended[0]["how"], resident_at_end=ended[0]["resident"])
     fast = [s for s in sampler.fast if start <= s[0] <= end]
     if not fast:  # a window shorter than the sampling interval: take the samples on either side of it
         fast = [s for s in sampler.fast if s[0] < start][-1:] + [s for s in sampler.fast if s[0] > end][:1]
@@ -355,6 +408,8 @@ def analyse(outcome: JobOutcome, *, mode: str, entry: str, devices: int) -> Rest
         gpu_bytes=sum(gpu) if gpu else None,
         gpu_peak_bytes=sum(gpu_peak) if gpu_peak else None,
         timeline=_timeline(sampler.fast, start, end),
+        prefetch=prefetch,
+        **io,
     )
 
 

@@ -64,9 +64,9 @@ def annotate(rec: dict[str, Any], checkpoint: dict[str, Any]) -> None:
 
 
 def floor_section(recs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    """The windows of upstream and the add-on at k = 1 and k = N over the floor, at every size, N and entry point;
-    and each mode's worst case."""
-    from benchmarks.report import _num, _size, _table  # the page's own formats
+    """The windows of upstream and the add-on at k = 1 and k = N over the floor, at every size, N and entry point
+    (the restore's own time over the floor with its range over the repeats); and each mode's worst case."""
+    from benchmarks.report import _num, _size, _spread, _table  # the page's own formats
 
     modes = [m for m in FLOOR_MODES if any(r["mode"] == m for r in recs)]
     find = {(r["params"], r["devices"], r["entry"], r["mode"]): r for r in recs}
@@ -84,7 +84,7 @@ def floor_section(recs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
             for text in (
                 _num(r.get("window_s")),
                 _num(r.get("window_over_floor"), True),
-                _num(r.get("restore_over_floor")),
+                _spread(r.get("restore_over_floor"), r.get("restore_over_floor_range")),
             )
         ]
     worst = []

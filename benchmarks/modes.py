@@ -37,12 +37,17 @@ class Mode(NamedTuple):
     largest: tuple[int, ...]  # the default run: the N it is measured at at the largest checkpoint size ...
     smaller: tuple[int, ...]  # ... and at every smaller one (baselines: wherever a mode of their family runs)
     min_n: int  # with --modes or --devices: the smallest N at which it differs from another mode
+    # the benchmark's own prefetch (none in the package): "<style>@<when>", style `read` (sequential reads into one
+    # reused buffer) or `willneed` (POSIX_FADV_WILLNEED), when `fit` (the launcher's first process, as it calls
+    # trainer.fit / validate: where the package knows the path) or `start` (as that process starts, before its imports)
+    prefetch: str = ""
 
 
-# The default run, within 15 minutes on 2 cores: the headline modes at N = 2 and 4 at the largest size and at N = 4,
-# the worst case, at every smaller one; k = 1 beside `True` likewise; the other families at N = 4, the anchors and
-# variants at the largest size only. With one rank there are no turns to take, so the modes that differ in how ranks
-# take turns start at N = 2.
+# The default run, 3 jobs per cell within 15 minutes on 2 cores: the headline modes at N = 2 and 4 at the largest size
+# and at N = 4, the worst case, at the smaller one; k = 1 beside `True` likewise. The anchors (`mmap-plugin`,
+# `proposal-2021`) and the other families, at N = 4 and the largest size, are a run of their own (`OTHERS`, the
+# command in restore_benchmark.py's docstring): with them, 3 jobs per cell would take about 40 minutes. With one rank
+# there are no turns to take, so the modes that differ in how ranks take turns start at N = 2.
 # fmt: off
 MODES = {
     #                        family         restorer         k      reader   largest    smaller  min N
@@ -50,31 +55,37 @@ MODES = {
     "upstream":         Mode("ddp",         "upstream",      None,  "",      (2, 4),    (4,),    1),
     "ours-true":        Mode("ddp",         "ours",          True,  "",      (2, 4),    (4,),    1),
     "ours-1":           Mode("ddp",         "ours",          1,     "",      (2, 4),    (4,),    2),
-    "mmap-plugin":      Mode("ddp",         "mmap-plugin",   None,  "",      (4,),      (),      1),
-    "proposal-2021":    Mode("ddp",         "proposal-2021", None,  "",      (4,),      (),      2),
+    "mmap-plugin":      Mode("ddp",         "mmap-plugin",   None,  "",      (),        (),      1),
+    "proposal-2021":    Mode("ddp",         "proposal-2021", None,  "",      (),        (),      2),
     "ours-off":         Mode("ddp",         "ours",          False, "",      (),        (),      1),
     "ours-2":           Mode("ddp",         "ours",          2,     "",      (),        (),      3),
     "ours-true-eager":  Mode("ddp",         "ours",          True,  "eager", (),        (),      2),
+    "ours-true-prefetch": Mode("ddp",       "ours",          True,  "",      (),        (),      1, "read@fit"),
+    "ours-true-willneed": Mode("ddp",       "ours",          True,  "",      (),        (),      1, "willneed@fit"),
+    "ours-true-prefetch-start": Mode("ddp", "ours",          True,  "",      (),        (),      1, "read@start"),
     "fsdp-baseline":    Mode("fsdp",        "upstream",      None,  "",      (),        (),      2),
-    "fsdp-upstream":    Mode("fsdp",        "upstream",      None,  "",      (4,),      (4,),    2),
-    "fsdp-ours":        Mode("fsdp",        "ours",          True,  "",      (4,),      (4,),    2),
-    "zero-upstream":    Mode("zero",        "upstream",      None,  "",      (4,),      (),      1),
-    "zero-ours":        Mode("zero",        "ours",          True,  "",      (4,),      (),      1),
+    "fsdp-upstream":    Mode("fsdp",        "upstream",      None,  "",      (),        (),      2),
+    "fsdp-ours":        Mode("fsdp",        "ours",          True,  "",      (),        (),      2),
+    "zero-upstream":    Mode("zero",        "upstream",      None,  "",      (),        (),      1),
+    "zero-ours":        Mode("zero",        "ours",          True,  "",      (),        (),      1),
     "oss-baseline":     Mode("oss",         "upstream",      None,  "",      (),        (),      1),
-    "oss-upstream":     Mode("oss",         "upstream",      None,  "",      (4,),      (),      1),
-    "oss-ours":         Mode("oss",         "ours",          True,  "",      (4,),      (),      1),
+    "oss-upstream":     Mode("oss",         "upstream",      None,  "",      (),        (),      1),
+    "oss-ours":         Mode("oss",         "ours",          True,  "",      (),        (),      1),
     "fabric-baseline":  Mode("fabric",      "upstream",      None,  "",      (),        (),      1),
-    "fabric-upstream":  Mode("fabric",      "upstream",      None,  "",      (4,),      (),      1),
-    "fabric-ours":      Mode("fabric",      "ours",          True,  "",      (4,),      (),      1),
+    "fabric-upstream":  Mode("fabric",      "upstream",      None,  "",      (),        (),      1),
+    "fabric-ours":      Mode("fabric",      "ours",          True,  "",      (),        (),      1),
     "fabric-ours-eager": Mode("fabric",     "ours",          True,  "eager", (),        (),      1),
     "fabric-fsdp-baseline": Mode("fabric-fsdp", "upstream",  None,  "",      (),        (),      2),
-    "fabric-fsdp-upstream": Mode("fabric-fsdp", "upstream",  None,  "",      (4,),      (),      2),
-    "fabric-fsdp-ours": Mode("fabric-fsdp", "ours",          True,  "",      (4,),      (),      2),
+    "fabric-fsdp-upstream": Mode("fabric-fsdp", "upstream",  None,  "",      (),        (),      2),
+    "fabric-fsdp-ours": Mode("fabric-fsdp", "ours",          True,  "",      (),        (),      2),
 }
 # fmt: on
 BASELINES = tuple(dict.fromkeys(f.baseline for f in FAMILIES.values()))
 MEASURED = tuple(m for m in MODES if m not in BASELINES)  # what --modes chooses from
 DEFAULT = tuple(m for m in MEASURED if MODES[m].largest)  # the default run's modes
+# what the default run measured before it took 3 jobs per cell: the anchors and the other families, a run of their own
+OTHERS = ("mmap-plugin", "proposal-2021", "fsdp-upstream", "fsdp-ours", "zero-upstream", "zero-ours", "oss-upstream",
+          "oss-ours", "fabric-upstream", "fabric-ours", "fabric-fsdp-upstream", "fabric-fsdp-ours")  # fmt: skip
 
 # what each mode restores with (the report's table of modes)
 TEXT = {
@@ -89,6 +100,12 @@ TEXT = {
     "ours-off": "`serialized_restore.Trainer(serialized_checkpoint_loading=False)`",
     "ours-2": "`serialized_restore.Trainer(serialized_checkpoint_loading=2)`",
     "ours-true-eager": "`serialized_checkpoint_loading=True` with `SERIALIZED_RESTORE_READER=eager`",
+    "ours-true-prefetch": "`ours-true`, and one prefetcher process per node (the benchmark's, `_prefetch.py`), started"
+    " by the launcher's first process as it calls `trainer.fit` / `validate`: sequential reads of the file into one"
+    " reused buffer",
+    "ours-true-willneed": "`ours-true-prefetch` with `posix_fadvise(POSIX_FADV_WILLNEED)` per chunk instead of reads",
+    "ours-true-prefetch-start": "`ours-true-prefetch` started as the launcher's first process starts, before its"
+    " imports (what a launcher or the script's first lines could do; the package cannot)",
     "fsdp-baseline": "upstream Trainer with FSDP, no checkpoint",
     "fsdp-upstream": "`pytorch_lightning.Trainer` with FSDP: `FSDPStrategy.load_checkpoint`'s full-checkpoint path",
     "fsdp-ours": "`serialized_checkpoint_loading=True` with FSDP: every rank maps the file and copies only its shard"

@@ -21,6 +21,9 @@ STYLE = {  # mode: (color, marker, line)
     "fsdp-upstream": ("tab:red", "o", "--"),
     "fsdp-ours": ("tab:green", "s", "--"),
     "fsdp-baseline": ("0.45", ".", "--"),
+    "ours-true-prefetch": ("tab:olive", "*", "-"),
+    "ours-true-willneed": ("tab:pink", "X", "-"),
+    "ours-true-prefetch-start": ("tab:gray", "h", "-"),
 }
 
 
@@ -116,6 +119,7 @@ def plot(recs: list[dict[str, Any]], results: dict[str, Any], out: Path) -> list
 
     # node memory over time at the largest N, each mode's first job
     runs = [r for r in results["sizes"][-1]["runs"] if r["devices"] == devices[-1] and r["repeat"] == 0]
+    runs = [r for r in runs if r.get("cache", "warm") == "warm"]
     fig, axes = plt.subplots(1, len(entries), figsize=(6.5 * len(entries), 4.6), sharey=True, squeeze=False)
     for ax, entry in zip(axes[0], entries):
         for run in runs:
@@ -170,3 +174,46 @@ def _plot_sizes(plt: Any, recs: list[dict[str, Any]], sizes: list[int], out: Pat
     fig.savefig(out / "restore_sizes.png", dpi=110)
     plt.close(fig)
     return out / "restore_sizes.png"
+
+
+def plot_cold(recs: list[dict[str, Any]], results: dict[str, Any], out: Path) -> list[Path]:
+    """``restore_cold.png`` where there are cold records: the restore window cold (solid) and warm (dotted) of every
+    mode and N against S, one panel per entry point, with S over the storage's sequential read rate (dashed black)."""
+    cold = [r for r in recs if r["cache"] == "cold" and r["entry"] != "whole" and r["mode"] in STYLE]
+    if not cold:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    warm = {(r["params"], r["devices"], r["entry"], r["mode"]): r for r in recs if r["cache"] == "warm"}
+    entries = [e for e in ("fit", "validate") if any(r["entry"] == e for r in cold)]
+    all_n = sorted({r["devices"] for r in cold}, reverse=True)
+    fig, axes = plt.subplots(1, len(entries), figsize=(6.2 * len(entries), 4.8), squeeze=False, sharey=True)
+    for ax, entry in zip(axes[0], entries):
+        mine = [r for r in cold if r["entry"] == entry]
+        for mode, n in sorted({(r["mode"], r["devices"]) for r in mine}, key=lambda k: (list(MODES).index(k[0]), k[1])):
+            found = [r for r in mine if (r["mode"], r["devices"]) == (mode, n)]
+            warm_s = [warm.get((r["params"], n, entry, mode), {}).get("window_s") for r in found]
+            pts = sorted((r["checkpoint_bytes"] / GIB, r["window_s"], w) for r, w in zip(found, warm_s))
+            line = ["-", "--", "-.", ":"][all_n.index(n) % 4]
+            style = {**_style(mode), "ls": line, "label": f"{mode}, N={n}"}
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], **style)
+            if known := [(p[0], p[2]) for p in pts if p[2] is not None]:
+                ax.plot(*zip(*known), color=style["color"], ls=":", lw=0.8, marker=".", alpha=0.6)
+        rate = sorted({(r["checkpoint_bytes"] / GIB, r["cold_read_s"]) for r in mine if r["cold_read_s"]})
+        if rate:
+            ax.plot(*zip(*rate), color="black", ls="--", marker=".", label="S / read rate")
+        ax.set(xlabel="checkpoint size S (GiB)", title=f"{entry}: restore window from storage (cold)")
+        ax.title.set_fontsize(10)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("seconds (solid: cold; dotted: the same mode warm)")
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"Cold resumes: the checkpoint dropped from the page cache before each job; gloo on CPU,"
+                 f" {results['machine']['cores']} cores", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(out / "restore_cold.png", dpi=110)
+    plt.close(fig)
+    return [out / "restore_cold.png"]

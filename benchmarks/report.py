@@ -23,8 +23,10 @@ from benchmarks.modes import BASELINES, FAMILIES, MODES, TEXT, baseline_of, upst
 GIB = 2**30
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 WHOLE = "## Whole process, restore only"
-# sections of docs/benchmarks.md that other runs write (`--whole-only`, scale.py, failure_output.py), kept as they are
-KEPT = (WHOLE, "## The turns at scale", "## What a failure prints")
+COLD = "## Cold resumes"
+# sections of docs/benchmarks.md that other runs write (`--whole-only`, `--cold`, scale.py, failure_output.py), kept
+# as they are
+KEPT = (WHOLE, COLD, "## The turns at scale", "## What a failure prints")
 Record = dict[str, Any]
 
 # What the benchmark was written to show, checked at every size: (mode, entry, figure, scope, lowest, highest).
@@ -83,11 +85,17 @@ minus the larger of the baseline's peak and the baseline's memory at the end of 
 Validate keeps no optimizer state: its figure is the raw overhead.
 - **Restore time**: the window; *vs upstream*: over the family's upstream at the same N and entry point. **Exact**: \
 every rank compared what it restored bit for bit with the checkpoint (the run exits non-zero otherwise).
-- **Floor**: the least the hardware needs, measured in the same run: reading the file once (sequential reads into \
-one reused 8 MiB buffer, from the page cache as every restore finds it; median of 3) plus N ranks at once copying \
-what each keeps (the weights; for fit, then the optimizer state) from the mapped checkpoint into private tensors \
-allocated beforehand (each phase from the first rank's start to the last one's end). *x floor*: the window over it. \
-A rank of FSDP, ZeRO or OSS keeps only its shard, so their floor is lower."""
+- **Floor**: the least the hardware needs, measured in the same run: reading the file once per node (sequential \
+reads into one reused 8 MiB buffer, from the page cache as a warm restore finds it; median of 3) plus N ranks at \
+once copying what each keeps from a fresh mapping of the checkpoint: the weights into memory written beforehand (the \
+model's own, which the job without a checkpoint has too), then, for fit, the optimizer state into freshly allocated \
+memory, the first touch of its pages included (the optimizer state must be allocated either way); each phase from \
+the first rank's start to the last one's end. *x floor*: the window over it. **Own**: the window less the window of \
+the baseline job of the same repeat (same N and entry point, no checkpoint: DDP's setup between the two stages, \
+which every job pays), median over the repeats; *own x floor* (`restore_over_floor`) is that over the floor. A rank \
+of FSDP, ZeRO or OSS keeps only its shard, so their floor is lower.
+- **Medians and range**: every time is the median of the cell's jobs (`repeats`), with the smallest and largest in \
+`benchmark_results.json` (`*_range`) and, where the page shows them, in parentheses."""
 
 INTRO = {
     "fsdp": """Lightning's `FSDPStrategy` (`state_dict_type="full"`, one unit per layer; on CPU the test suite's \
@@ -141,29 +149,73 @@ def _median(values: Any) -> Optional[float]:
     return statistics.median(known) if known else None
 
 
+def _range(values: Any) -> Optional[list[float]]:
+    """``[min, max]`` of the known values (the spread a median is shown with), or ``None``."""
+    known = [v for v in values if v is not None]
+    return [min(known), max(known)] if known else None
+
+
+def cache_of(run: dict[str, Any]) -> str:
+    """A job's page cache state (results of runs before ``--cache`` existed: ``warm``)."""
+    return run.get("cache") or "warm"
+
+
+def cold_reads(size: dict[str, Any]) -> list[float]:
+    """Every cold sequential read of the checkpoint one size of a run made: the floor's, and the one before each cold
+    job."""
+    jobs = [r.get("cold_read_s") for r in size["runs"] + size["whole"]]
+    return [*(size.get("floor") or {}).get("cold_read_all_s", []), *(t for t in jobs if t is not None)]
+
+
 def records(results: dict[str, Any]) -> list[Record]:
-    """One record per checkpoint size, N, mode and entry point (``whole``: the whole-process jobs): medians of its
-    jobs, their overheads against the baseline job of the same repeat, the floor, and ratios."""
+    """One record per checkpoint size, N, mode, entry point (``whole``: the whole-process jobs) and page cache state
+    (``cache``: ``warm`` or ``cold``; a baseline, which reads no checkpoint, is recorded under each cache state the run
+    measured): medians of its jobs and their range (``*_range``: [min, max]), their overheads against the baseline
+    job of the same repeat, the floor, and ratios. Cold records also carry the storage's read rate, measured in the
+    same run, and the goal of issue 59 for the window."""
     out: list[Record] = []
     for size in results["sizes"]:
         ck, floor = size["checkpoint"], size.get("floor") or {}
+        caches = size.get("caches") or ["warm"]
         base = {(r["devices"], r["entry"], r["repeat"], r["mode"]): r for r in size["runs"] if r["mode"] in BASELINES}
-        groups: dict[tuple[int, str, str], list[Record]] = {}
+        groups: dict[tuple[int, str, str, str], list[Record]] = {}
         for run in size["runs"] + [{**r, "entry": "whole"} for r in size["whole"]]:
-            groups.setdefault((run["devices"], run["entry"], run["mode"]), []).append(run)
+            for cache in caches if run["mode"] in BASELINES else [cache_of(run)]:
+                groups.setdefault((run["devices"], run["entry"], run["mode"], cache), []).append(run)
+        cold = cold_reads(size)
+        cold_read_s = _median(cold)
         cells = []
-        for (n, entry, mode), runs in sorted(groups.items()):
+        for (n, entry, mode, cache), runs in sorted(groups.items()):
             rec = {"params": ck["params"], "checkpoint_bytes": ck["size_bytes"], "devices": n, "mode": mode}
-            copy = next((c for c in floor.get("copy", []) if c["devices"] == n), None)  # the floor: read + copy
-            copy_s = copy and copy["params_s"] + (0.0 if entry == "validate" else copy["optimizer_s"])
-            read_s = floor.get("read_s")
-            rec.update(entry=entry, repeats=len(runs), read_s=read_s, copy_s=copy_s)
+            rec.update(entry=entry, cache=cache)
+            # the floor: the file read once (from the page cache, or for cold from storage) + what the ranks keep
+            # copied: the weights into memory written before, the optimizer state into new memory (first touch)
+            copy = next((c for c in floor.get("copy", []) if c["devices"] == n), None)
+            params_s = copy and copy["params_s"]
+            optimizer_s = copy and copy.get("optimizer_fresh_s", copy["optimizer_s"])
+            copy_s = copy and params_s + (0.0 if entry == "validate" else optimizer_s)
+            read_s = cold_read_s if cache == "cold" else floor.get("read_s")
+            rec.update(repeats=len(runs), read_s=read_s, copy_s=copy_s)
+            rec["copy_prealloc_s"] = copy and copy["params_s"] + (0.0 if entry == "validate" else copy["optimizer_s"])
             rec["floor_s"] = read_s + copy_s if read_s is not None and copy_s is not None else None
+            if cache == "cold":
+                rec["cold_read_s"], rec["cold_reads"] = cold_read_s, len(cold)
+                rec["cold_read_range_s"] = _range(cold)
+                rec["read_rate_bytes_s"] = ck["size_bytes"] / cold_read_s if cold_read_s else None
+            rec["cold_read_before_s"] = _median(r.get("cold_read_s") for r in runs)
+            rec["major_faults"] = _median(r.get("major_faults") for r in runs)
+            rec["read_bytes"] = _median(r.get("read_bytes") for r in runs)
             if entry == "whole":
-                rec.update(window_s=_median(map(restore_window, runs)), whole_s=_median(r["seconds"] for r in runs))
+                windows = [restore_window(r) for r in runs]
+                rec.update(window_s=_median(windows), window_range_s=_range(windows))
+                seconds = [r["seconds"] for r in runs]
+                rec.update(whole_s=_median(seconds), whole_range_s=_range(seconds))
                 rec.update(whole_cpu_s=_median(sum(r["cpu_seconds"]) for r in runs), exact=None)
                 rec.update(all_whole_s=[r["seconds"] for r in runs], time="whole_s")
-                rec["other_load"] = _median(r["other_cpu_seconds"] / r["seconds"] for r in runs)
+                loads = [r["other_cpu_seconds"] / r["seconds"] for r in runs]
+                rec.update(other_load=_median(loads), other_load_max=max(loads))
+                ends = [(r.get("prefetch") or {}).get("prefetch_end") for r in runs]
+                rec["prefetch_end_s"] = _median(ends)  # from the first process's start
                 cells.append(rec)
                 continue
             keys = [(n, entry, r["repeat"], baseline_of(mode)) for r in runs]
@@ -173,24 +225,37 @@ def records(results: dict[str, Any]) -> list[Record]:
             for key in ("raw", "minus_optimizer", "net", "pss"):
                 rec["overhead_bytes" if key == "raw" else f"overhead_{key}_bytes"] = _median(o[key] for o in over)
             rec["headline_bytes"] = rec["overhead_net_bytes"] if entry == "fit" else rec["overhead_bytes"]
-            rec.update(
-                window_s=_median(r["window"] for r in runs), window_cpu_s=_median(r["window_cpu_seconds"] for r in runs)
-            )
-            rec["other_load"] = _median(r["other_cpu_seconds"] / r["job_seconds"] for r in runs)
+            rec.update(window_s=_median(r["window"] for r in runs), window_range_s=_range(r["window"] for r in runs))
+            rec["window_cpu_s"] = _median(r["window_cpu_seconds"] for r in runs)
+            # the restore's own time: each job's window less its repeat's baseline window (same N and entry point)
+            own = [r["window"] - base[k]["window"] for r, k in zip(runs, keys) if k in base and mode not in BASELINES]
+            rec.update(restore_s=_median(own), restore_range_s=_range(own))
+            loads = [r["other_cpu_seconds"] / r["job_seconds"] for r in runs]
+            rec.update(other_load=_median(loads), other_load_max=max(loads))
             rec.update(exact=None if mode in BASELINES else all(r["exact"] for r in runs), time="window_s")
+            ends = [(r.get("prefetch") or {}).get("end_s") for r in runs]
+            rec["prefetch_end_s"] = _median(ends)  # from the window's start
             cells.append(rec)
-        find = {(r["devices"], r["entry"], r["mode"]): r for r in cells}
+        find = {(r["devices"], r["entry"], r["mode"], r["cache"]): r for r in cells}
         for rec in cells:
             time = rec.pop("time")
-            ref = find.get((rec["devices"], rec["entry"], upstream_of(rec["mode"])), {}).get(time)
+            ref = find.get((rec["devices"], rec["entry"], upstream_of(rec["mode"]), rec["cache"]), {}).get(time)
             known = ref and rec[time] is not None and rec["mode"] not in BASELINES
             rec["vs_upstream"] = rec[time] / ref if known else None
             rec["window_over_floor"] = rec["window_s"] / rec["floor_s"] if rec["floor_s"] and rec["window_s"] else None
-            # the window less the same job's without a checkpoint (DDP's setup between the stages): the restore's own
-            own = find.get((rec["devices"], rec["entry"], baseline_of(rec["mode"])), {}).get("window_s")
-            known = own is not None and rec["window_s"] is not None and rec["mode"] not in BASELINES
-            rec["restore_s"] = rec["window_s"] - own if known else None
-            rec["restore_over_floor"] = rec["restore_s"] / rec["floor_s"] if known and rec["floor_s"] else None
+            if rec["entry"] == "whole":  # no baseline job: the restore's own time is not measured
+                rec.update(restore_s=None, restore_range_s=None)
+            floor_s = rec["floor_s"]
+            rec["restore_over_floor"] = rec["restore_s"] / floor_s if rec["restore_s"] is not None and floor_s else None
+            spread = rec["restore_range_s"]
+            rec["restore_over_floor_range"] = [v / floor_s for v in spread] if spread and floor_s else None
+            if rec["cache"] == "cold":
+                warm = find.get((rec["devices"], rec["entry"], rec["mode"], "warm"), {})
+                rec["warm_window_s"], rec["warm_whole_s"] = warm.get("window_s"), warm.get("whole_s")
+                # issue 59's goal: the restore's window cold <= 1.2 x S / the storage's rate + the warm window
+                known = rec["cold_read_s"] is not None and rec["warm_window_s"] is not None and rec["window_s"]
+                rec["goal_window_s"] = 1.2 * rec["cold_read_s"] + rec["warm_window_s"] if known else None
+                rec["goal_met"] = rec["window_s"] <= rec["goal_window_s"] if known else None
             against.annotate(rec, ck)
             headline = rec.get("headline_bytes")
             rec["headline_x_s"] = None if headline is None else headline / rec["checkpoint_bytes"]
@@ -331,14 +396,18 @@ def _section(title: str, *parts: Any) -> list[str]:
 
 def report(results: dict[str, Any], recs: list[Record], image_dir: str) -> str:
     """The Markdown page: what was run, the modes and definitions, the tables and plots of the largest size, the
-    floor, every size, the whole-process jobs, the targets and the sampling."""
+    floor, every size, the whole-process jobs, the targets and the sampling, all warm; then the cold resumes, if any
+    were measured."""
     m, size = results["machine"], results["sizes"][-1]
+    cold = [r for r in recs if r["cache"] == "cold"]
+    recs = [r for r in recs if r["cache"] == "warm"]
     sizes = sorted({(r["params"], r["checkpoint_bytes"]) for r in recs if r["entry"] != "whole"})
     largest = [r for r in recs if sizes and r["params"] == sizes[-1][0] and r["entry"] != "whole"]
     runs = [r for s in results["sizes"] for r in s["runs"]]
     load = statistics.mean(r["other_cpu_seconds"] / r["job_seconds"] for r in runs) if runs else 0.0
     ck = ", ".join(f"{s['checkpoint']['params']:,} parameters (S = {s['checkpoint']['size_bytes'] / GIB:.3f} GiB)"
                    for s in results["sizes"])  # fmt: skip
+    cold_text = ", or dropped from it and checked gone (cold: *Cold resumes*)" if cold else ""
     head = f"""# Benchmark: node memory and time of a restore (DDP, FSDP, sharded optimizers, Fabric)
 
 Generated, with its plots and `benchmark_results.json`, by `benchmarks/restore_benchmark.py` (the page by \
@@ -352,8 +421,9 @@ that name another.
 - Checkpoints: an MLP of {size["checkpoint"]["depth"]} linear layers trained {size["checkpoint"]["global_step"]} \
 steps with Adam, saved by `trainer.save_checkpoint`: {ck}; the tables before *Against the floor* are for the largest.
 - Jobs: gloo on CPU through Lightning's own launcher, `OMP_NUM_THREADS=1`; {size["repeats"]} measured job(s) per \
-cell (the median is shown); the checkpoint is read beforehand, so every job finds it in the page cache; each (N, \
-entry point) starts with its baseline. Restore jobs build the model with zeros (the same pages as a random init).
+cell (the median is shown); before each job the checkpoint is read into the page cache and checked there with \
+`mincore` (warm){cold_text}; each (N, entry point) and repeat starts with its baseline. Restore jobs build the model \
+with zeros (the same pages as a random init).
 - Load: other processes used on average {load:.2f} of the {m["cores"]} cores while the jobs ran. Restore times are \
 sensitive to that; memory figures are not.
 """
@@ -373,9 +443,9 @@ sensitive to that; memory figures are not.
             lines += _section(title, *intro, tables)
     table, worst = against.floor_section(recs)
     own = (
-        "The restore window over the floor (*Definitions*); *own*: the window less the window of the same job"
-        " without a checkpoint (DDP's setup between the two stages, a broadcast of the weights from rank 0 that"
-        " every job pays), over the floor."
+        "The restore window over the floor (*Definitions*); *own*: the window less the window of the baseline job of"
+        " the same repeat (DDP's setup between the two stages, a broadcast of the weights from rank 0 that every job"
+        " pays), over the floor: the median, and in parentheses the range over the repeats."
     )
     lines += _section("Against the floor", own, table, *worst)
     lines += against.prediction_section(recs)
@@ -389,9 +459,84 @@ sensitive to that; memory figures are not.
         lines += _section("Targets", text, _table("target | measured | figure (worst case) | met", rows))
     if size["runs"]:
         lines += _section("Sampling", _table(SAMPLING_HEADER, sampling_rows(size["runs"])), SAMPLING_TEXT)
+    lines += cold_section(results, recs + cold, image_dir) if cold else []
     if results["failures"]:
         lines += _section("Failed jobs", [f"- {f.splitlines()[0]}" for f in results["failures"]] + [""])
     return "\n".join(lines)
+
+
+COLD_TEXT = """Resumes on a node whose page cache does not hold the checkpoint, as after a preemption or on a fresh \
+node (a remote checkpoint's node-local copy, once written, is read from storage the same way). Before each cold job \
+the benchmark reads the file once from storage (its pages dropped before: `os.sync()`, then \
+`posix_fadvise(POSIX_FADV_DONTNEED)`, checked gone with `mincore`), sequential reads of 8 MiB into one reused buffer \
+as `dd` does: the storage's own rate, right before the job; then drops the pages again and checks them gone. Every \
+warm job of the same cell ran in the same run, alternating with the cold ones (ABAB). Python's and torch's own files \
+stay cached: only the checkpoint is cold.
+
+- *S / rate*: S over the storage's sequential read rate, the median of the {reads} cold reads of this size in the run \
+({rate}).
+- *goal*: issue 59's bound for the window cold, 1.2 x S / rate + the same mode's warm window.
+- *read from storage*: what the ranks had the kernel read from storage inside the window (`/proc/self/io` \
+`read_bytes`, all ranks); *major faults*: page faults that waited for storage, all ranks, inside the window.
+- *prefetch done*: for a mode with the benchmark's prefetcher, when it had read the whole file (seconds from the \
+window's start; negative: before the window opened)."""
+COLD_WHOLE_TEXT = """Restore-only jobs as whole processes (as in *Whole process, restore only*), warm and cold \
+alternating; *restore*: from the first rank's Trainer `setup` to the last rank's `on_fit_end`."""
+
+
+def _spread(value: Optional[float], spread: Optional[list[float]], digits: int = 2) -> str:
+    """A median with its range, ``1.23 (1.10 to 1.50)``."""
+    if value is None:
+        return "–"
+    return f"{value:.{digits}f}" + (f" ({spread[0]:.{digits}f} to {spread[1]:.{digits}f})" if spread else "")
+
+
+def cold_section(results: dict[str, Any], recs: list[Record], image_dir: str) -> list[str]:
+    """The cold resumes against the warm ones of the same run: the restore windows, the storage's rate and issue 59's
+    goal, and the whole-process jobs; the plot of the cold window against S."""
+    find = {(r["params"], r["devices"], r["entry"], r["mode"], r["cache"]): r for r in recs}
+    cold = sorted(
+        (r for r in recs if r["cache"] == "cold" and r["mode"] not in BASELINES),
+        key=lambda r: (r["params"], r["entry"] == "whole", r["entry"], r["devices"], list(MODES).index(r["mode"])),
+    )
+    rows, whole_rows, rates = [], [], []
+    for r in cold:
+        warm = find.get((r["params"], r["devices"], r["entry"], r["mode"], "warm"), {})
+        label = _size(r["params"], r["checkpoint_bytes"])
+        rate = r.get("read_rate_bytes_s")
+        if rate and (label, rate) not in rates:
+            rates.append((label, rate))
+        if r["entry"] == "whole":
+            cells = [label, r["devices"], f"`{r['mode']}`", _spread(warm.get("whole_s"), warm.get("whole_range_s"))]
+            cells += [_spread(r["whole_s"], r["whole_range_s"])]
+            extra = r["whole_s"] - warm["whole_s"] if warm.get("whole_s") is not None else None
+            cells += [_num(extra), _num(r["vs_upstream"], True), _num(r["cold_read_s"])]
+            cells += [_num(warm.get("window_s")), _num(r["window_s"])]
+            cells += [", ".join(f"{t:.1f}" for t in r["all_whole_s"]), _num(r["other_load"])]
+            whole_rows.append(cells)
+            continue
+        cells = [label, r["devices"], r["entry"], f"`{r['mode']}`"]
+        cells += [_spread(warm.get("window_s"), warm.get("window_range_s"))]
+        cells += [_spread(r["window_s"], r["window_range_s"])]
+        cells += [_num(r["cold_read_s"]), _num(r["goal_window_s"])]
+        cells += ["–" if r["goal_met"] is None else "yes" if r["goal_met"] else "**no**"]
+        cells += [_num(r["vs_upstream"], True), _spread(r["restore_s"], r["restore_range_s"])]
+        cells += [_num(r["read_bytes"] / GIB if r["read_bytes"] is not None else None)]
+        cells += [f"{r['major_faults']:.0f}" if r["major_faults"] is not None else "–"]
+        cells += [_num(r["prefetch_end_s"]), _num(r["other_load"])]
+        rows.append(cells)
+    rate_text = "; ".join(f"{label}: {rate / GIB:.2f} GiB/s" for label, rate in rates)
+    reads = "/".join(str(n) for n in sorted({r["cold_reads"] for r in cold if r.get("cold_reads")}))
+    header = "model, S | N | entry | mode | warm window (s) | cold window (s) | S / rate (s) | goal (s) | met"
+    header += " | cold vs upstream's cold | own, cold (s) | read from storage (GiB) | major faults | prefetch done (s)"
+    header += " | other load"
+    whole_header = "model, S | N | mode | warm (s) | cold (s) | cold - warm (s) | cold vs upstream's cold"
+    whole_header += " | S / rate (s) | restore, warm (s) | restore, cold (s) | each cold job (s) | other load"
+    plot = f"![cold restore window against S]({image_dir}/restore_cold.png)"
+    parts: list[Any] = [COLD_TEXT.format(reads=reads or "–", rate=rate_text or "–"), plot, _table(header, rows)]
+    if whole_rows:
+        parts += [COLD_WHOLE_TEXT, _table(whole_header, whole_rows)]
+    return _section(COLD[3:], *parts)
 
 
 SAMPLING_HEADER = (
@@ -423,42 +568,75 @@ def _kept_sections(page: str, skip: tuple[str, ...]) -> list[str]:
     return found
 
 
+def _replace_section(page: str, heading: str, section: str) -> str:
+    """``page`` with its section under ``heading`` (up to the next ``## `` heading) replaced by ``section``, or with
+    ``section`` appended where it has none."""
+    start = page.find(f"\n{heading}\n") + 1
+    if not start:
+        return f"{page.rstrip()}\n\n{section}"
+    end = page.find("\n## ", start)
+    return page[:start] + section + (page[end:] if end >= 0 else "")
+
+
 def write(results: dict[str, Any], out: Path, docs: bool) -> list[Path]:
     """``report.md``, ``benchmark_results.json`` and the plots in ``out``; with ``docs``, ``docs/benchmarks.md`` (the
-    kept sections it has kept), ``docs/img/`` and ``docs/benchmark_results.json``; a ``--whole-only`` run replaces
-    only its own section of ``docs/benchmarks.md``."""
+    kept sections it has kept), ``docs/img/`` and ``docs/benchmark_results.json``. A ``--whole-only`` run replaces
+    only its own section of ``docs/benchmarks.md``; a ``--cold`` run its own section (*Cold resumes*), its plot, and
+    the cold records of ``docs/benchmark_results.json``, whose warm ones the default run writes."""
     recs = records(results)
+    warm = [r for r in recs if r["cache"] == "warm"]
     (out / "benchmark_results.json").write_text(json.dumps(recs, indent=1) + "\n")
     (out / "report.md").write_text(report(results, recs, ".") + "\n")
-    written = [out / "benchmark_results.json", out / "report.md", *plots.plot(recs, results, out)]
+    written = [out / "benchmark_results.json", out / "report.md", *plots.plot(warm, results, out)]
+    written += plots.plot_cold(recs, results, out)
     if not docs:
         return written
-    page = DOCS / "benchmarks.md"
+    page, kept = DOCS / "benchmarks.md", DOCS / "benchmark_results.json"
     old = page.read_text() if page.exists() else ""
+    old_recs = json.loads(kept.read_text()) if kept.exists() else []
     if results["whole_only"]:  # its section, in place
-        start, section = old.find(f"\n{WHOLE}\n") + 1, "\n".join(whole_section(recs)).rstrip("\n") + "\n"
-        end = old.find("\n## ", start) if start else -1
-        new = old[:start] + section + (old[end:] if end >= 0 else "") if start else f"{old.rstrip()}\n\n{section}"
+        new = _replace_section(old, WHOLE, "\n".join(whole_section(warm)).rstrip("\n") + "\n")
+    elif results.get("kind") == "cold":  # its section in place; its cold records for the committed cold ones
+        new = _replace_section(old, COLD, "\n".join(cold_section(results, recs, "img")).rstrip("\n") + "\n")
+        cold = [r for r in recs if r["cache"] == "cold"]
+        kept.write_text(json.dumps([r for r in old_recs if cache_of(r) != "cold"] + cold, indent=1) + "\n")
+        written += [kept, *plots.plot_cold(recs, results, DOCS / "img")]
     else:
         text = report(results, recs, "img") + "\n"
         new = "\n".join([text, *_kept_sections(old, tuple(h for h in KEPT if f"\n{h}\n" in text))])
-        (DOCS / "benchmark_results.json").write_text(json.dumps(recs, indent=1) + "\n")
-        written += [DOCS / "benchmark_results.json", *plots.plot(recs, results, DOCS / "img")]
+        kept.write_text(json.dumps(recs + [r for r in old_recs if cache_of(r) == "cold"], indent=1) + "\n")
+        written += [kept, *plots.plot(warm, results, DOCS / "img")]
     page.write_text(new)
     return [*written, page]
 
 
 def print_summary(results: dict[str, Any]) -> None:
-    """The floor's table and worst cases, the targets and the whole-process medians, on stdout."""
+    """The floor's table and worst cases, the targets and the whole-process medians (warm), and the cold resumes
+    against their goal, on stdout."""
     recs = records(results)
-    table, worst = against.floor_section(recs)
+    warm = [r for r in recs if r["cache"] == "warm"]
+    table, worst = against.floor_section(warm)
     print("\nthe restore window against the floor (reading the file once + N ranks copying what they keep):")
     print("\n".join(table + worst))
-    for target, measured, ok, figure in [] if results["quick"] else target_rows(recs):
+    for target, measured, ok, figure in [] if results["quick"] else target_rows(warm):
         print(f"  target {'met   ' if ok else 'MISSED'} {target}: {figure:.2f} ({measured})")
-    for r in (r for r in recs if (r["entry"], r["mode"]) == ("whole", "ours-true")):
+    for r in (r for r in warm if (r["entry"], r["mode"]) == ("whole", "ours-true")):
         where = f"{r['params'] / 1e6:.0f}M N={r['devices']}"
         print(f"  whole process, {where}: ours-true {_num(r['whole_s'])} s = {_num(r['vs_upstream'])} x upstream's")
+    for r in (r for r in recs if r["cache"] == "cold" and r["mode"] not in BASELINES):
+        where = f"{r['params'] / 1e6:.0f}M N={r['devices']} {r['entry']:8s} {r['mode']:18s}"
+        if r["entry"] == "whole":
+            print(
+                f"  cold {where} whole {_spread(r['whole_s'], r['whole_range_s'])} s (warm {_num(r['warm_whole_s'])}),"
+                f" {_num(r['vs_upstream'])} x upstream's cold"
+            )
+            continue
+        goal = "–" if r["goal_met"] is None else "met" if r["goal_met"] else "MISSED"
+        print(
+            f"  cold {where} window {_spread(r['window_s'], r['window_range_s'])} s (warm {_num(r['warm_window_s'])},"
+            f" goal {_num(r['goal_window_s'])}: {goal}), {_num(r['vs_upstream'])} x upstream's cold;"
+            f" S / rate {_num(r['cold_read_s'])} s"
+        )
 
 
 def main(argv: Optional[list[str]] = None) -> int:
