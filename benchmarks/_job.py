@@ -14,54 +14,18 @@ state stays in the checkpoint's copy-on-write mapping until the first step write
 what it restored with the checkpoint, bit for bit, writes ``rank<global rank>.json`` and, after one more barrier,
 leaves with ``os._exit(0)``: nothing after the window is measured. The restore path itself is untouched. The
 ``start`` and ``end`` markers also carry the rank's page faults and storage reads so far (``_io``).
-
-A mode with a ``prefetch`` (``modes.py``) has the launcher's first process start one prefetcher process
-(``_prefetch.py``) for the node: as that process starts, before its imports (``@start``), or right before it calls
-``trainer.fit`` / ``validate`` (``@fit``, where the package knows the path); it is stopped, if still running, at the
-end of the restore window (whole-process jobs: at ``on_fit_end``), so that it never outlives the restore.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
-
-PREFETCH_CHUNK = 8 * 2**20
-_prefetcher: Optional[subprocess.Popen] = None
-
-
-def _start_prefetch(config: dict[str, Any], when: str) -> None:
-    """(the launcher's first process) Start the node's one prefetcher if the job's mode prefetches ``when``."""
-    global _prefetcher
-    style, _, at = (config.get("prefetch") or "").partition("@")
-    if not style or at != when or _prefetcher is not None or not config.get("ckpt_path"):
-        return
-    if any(os.environ.get(v) not in (None, "0") for v in ("LOCAL_RANK", "RANK")):
-        return  # a rank the launcher started: the first process prefetches for the node
-    script = Path(__file__).with_name("_prefetch.py")
-    args = [sys.executable, "-S", str(script), config["out"], config["ckpt_path"], style, str(PREFETCH_CHUNK)]
-    _prefetcher = subprocess.Popen(args, stdin=subprocess.DEVNULL)
-
-
-def _stop_prefetch() -> None:
-    """(the process that started it) End the prefetcher if it still runs, and reap it."""
-    global _prefetcher
-    if _prefetcher is not None:
-        if _prefetcher.poll() is None:
-            _prefetcher.terminate()
-        _prefetcher.wait()
-        _prefetcher = None
-
-
-if __name__ == "__main__":
-    _start_prefetch(json.loads(sys.argv[1]), "start")
 
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
@@ -187,7 +151,6 @@ def _finish(
     _profile_window(start=False, path=out / f"rank{rank}.prof")
     held, mapped = _host_optimizer_state_bytes(optimizers)
     _mark(out, rank, "end", optimizer_state_bytes=held, optimizer_state_mapped_bytes=mapped, **_io())
-    _stop_prefetch()
     barrier()  # nobody starts checking (which maps the file) before every rank has left the window
     checked = bool(run.get("ckpt_path"))
     reference = torch.load(run["ckpt_path"], mmap=True, weights_only=False, map_location="cpu") if checked else None
@@ -400,11 +363,9 @@ def restore(config: dict[str, Any]) -> None:
     data = _data(config["width"], 8 * config["devices"], 4)
     if config["entry"] == "fit":
         trainer = _trainer(config, max_steps=config["global_step"] + 1)
-        _start_prefetch(config, "fit")
         trainer.fit(model, train_dataloaders=data, ckpt_path=config.get("ckpt_path"))
     else:
         trainer = _trainer(config, limit_val_batches=1)
-        _start_prefetch(config, "fit")
         trainer.validate(model, dataloaders=data, ckpt_path=config.get("ckpt_path"), verbose=False)
 
 
@@ -423,7 +384,6 @@ class PhaseMarks(pl.Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         _mark(self.out, trainer.global_rank, "fit_end", **_io())
-        _stop_prefetch()
 
 
 def resume_whole(config: dict[str, Any]) -> None:
@@ -447,7 +407,6 @@ def resume_whole(config: dict[str, Any]) -> None:
     torch.manual_seed(0)
     model = BenchMLP(config["width"], config["depth"], zero_init=True)
     trainer = _trainer(config, max_steps=config["global_step"], callbacks=[PhaseMarks(out)])
-    _start_prefetch(config, "fit")
     trainer.fit(
         model, train_dataloaders=_data(config["width"], 8 * config["devices"], 4), ckpt_path=config["ckpt_path"]
     )

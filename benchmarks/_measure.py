@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 import psutil
 
-from benchmarks._prefetch import cold_read, drop_cached, fill_cache, resident_bytes
+from benchmarks._cache import cold_read, drop_cached, fill_cache, resident_bytes
 from benchmarks._sampler import TreeSampler, system_busy_seconds
 from benchmarks.modes import BASELINES, FAMILIES, MODES
 from harness.processes import fresh_job_env, job_session
@@ -130,14 +130,13 @@ def job_config(mode: str, entry: str, devices: int, checkpoint: CheckpointInfo, 
         "depth": checkpoint.depth,
         "global_step": checkpoint.global_step,
         "ckpt_path": None if ckpt_path is None else str(ckpt_path),
-        "prefetch": spec.prefetch or None,
         **{k: v for k, v in extra.items() if v is not None},
     }
 
 
 def prepare_cache(path: Optional[str], cache: str, measure_read: bool = True) -> dict[str, Any]:
     """Put the checkpoint at ``path`` (a job's ``ckpt_path``; a baseline has none) in the page cache state ``cache``
-    names, checked with ``mincore`` (``_prefetch.CacheError`` otherwise): ``warm``, every page resident; ``cold``,
+    names, checked with ``mincore`` (``_cache.CacheError`` otherwise): ``warm``, every page resident; ``cold``,
     none. For ``cold`` and ``measure_read``, first one cold sequential read of the file (``READ_CHUNK`` bytes at a
     time into one reused buffer, pages dropped before): the storage's own rate right before the job. Returns what
     was done: ``cache``, ``cold_read_s`` (or ``None``), ``resident_bytes`` (as the job starts)."""
@@ -250,7 +249,7 @@ def fabric_checkpoint(path: Path) -> Path:
 
 
 def warm_page_cache(path: Path) -> None:
-    """Read the file, so that every measured run finds it in the page cache (checked: ``_prefetch.fill_cache``)."""
+    """Read the file, so that every measured run finds it in the page cache (checked: ``_cache.fill_cache``)."""
     fill_cache(path)
 
 
@@ -305,9 +304,6 @@ class RestoreRun:
     major_faults: Optional[int] = None
     minor_faults: Optional[int] = None
     read_bytes: Optional[int] = None
-    # the benchmark's prefetcher (a ``prefetch`` mode): its start and end in seconds from the window's start, how it
-    # ended, and the file's bytes resident then
-    prefetch: Optional[dict[str, Any]] = None
 
     @property
     def window(self) -> float:
@@ -362,12 +358,6 @@ def analyse(outcome: JobOutcome, *, mode: str, entry: str, devices: int) -> Rest
         before = {m["rank"]: m[key] for m in marks if m["event"] == "start" and key in m}
         after = {m["rank"]: m[key] for m in marks if m["event"] == "end" and key in m}
         io[key] = sum(after[r] - before[r] for r in after if r in before) if before else None
-    prefetch = None
-    if began := [m for m in marks if m["event"] == "prefetch_start"]:
-        ended = [m for m in marks if m["event"] == "prefetch_end"]
-        prefetch = {"start_s": began[0]["t"] - start, "resident_at_start": began[0]["resident"]}
-        if ended:
-            prefetch.update(end_s=ended[0]["t"] - start, how=ended[0]["how"], resident_at_end=ended[0]["resident"])
     fast = [s for s in sampler.fast if start <= s[0] <= end]
     if not fast:  # a window shorter than the sampling interval: take the samples on either side of it
         fast = [s for s in sampler.fast if s[0] < start][-1:] + [s for s in sampler.fast if s[0] > end][:1]
@@ -408,7 +398,6 @@ def analyse(outcome: JobOutcome, *, mode: str, entry: str, devices: int) -> Rest
         gpu_bytes=sum(gpu) if gpu else None,
         gpu_peak_bytes=sum(gpu_peak) if gpu_peak else None,
         timeline=_timeline(sampler.fast, start, end),
-        prefetch=prefetch,
         **io,
     )
 

@@ -37,10 +37,6 @@ class Mode(NamedTuple):
     largest: tuple[int, ...]  # the default run: the N it is measured at at the largest checkpoint size ...
     smaller: tuple[int, ...]  # ... and at every smaller one (baselines: wherever a mode of their family runs)
     min_n: int  # with --modes or --devices: the smallest N at which it differs from another mode
-    # the benchmark's own prefetch (none in the package): "<style>@<when>", style `read` (sequential reads into one
-    # reused buffer) or `willneed` (POSIX_FADV_WILLNEED), when `fit` (the launcher's first process, as it calls
-    # trainer.fit / validate: where the package knows the path) or `start` (as that process starts, before its imports)
-    prefetch: str = ""
 
 
 # The default run, 3 jobs per cell within 15 minutes on 2 cores: the headline modes at N = 2 and 4 at the largest size
@@ -60,9 +56,6 @@ MODES = {
     "ours-off":         Mode("ddp",         "ours",          False, "",      (),        (),      1),
     "ours-2":           Mode("ddp",         "ours",          2,     "",      (),        (),      3),
     "ours-true-eager":  Mode("ddp",         "ours",          True,  "eager", (),        (),      2),
-    "ours-true-prefetch": Mode("ddp",       "ours",          True,  "",      (),        (),      1, "read@fit"),
-    "ours-true-willneed": Mode("ddp",       "ours",          True,  "",      (),        (),      1, "willneed@fit"),
-    "ours-true-prefetch-start": Mode("ddp", "ours",          True,  "",      (),        (),      1, "read@start"),
     "fsdp-baseline":    Mode("fsdp",        "upstream",      None,  "",      (),        (),      2),
     "fsdp-upstream":    Mode("fsdp",        "upstream",      None,  "",      (),        (),      2),
     "fsdp-ours":        Mode("fsdp",        "ours",          True,  "",      (),        (),      2),
@@ -100,12 +93,6 @@ TEXT = {
     "ours-off": "`serialized_restore.Trainer(serialized_checkpoint_loading=False)`",
     "ours-2": "`serialized_restore.Trainer(serialized_checkpoint_loading=2)`",
     "ours-true-eager": "`serialized_checkpoint_loading=True` with `SERIALIZED_RESTORE_READER=eager`",
-    "ours-true-prefetch": "`ours-true`, and one prefetcher process per node (the benchmark's, `_prefetch.py`), started"
-    " by the launcher's first process as it calls `trainer.fit` / `validate`: sequential reads of the file into one"
-    " reused buffer",
-    "ours-true-willneed": "`ours-true-prefetch` with `posix_fadvise(POSIX_FADV_WILLNEED)` per chunk instead of reads",
-    "ours-true-prefetch-start": "`ours-true-prefetch` started as the launcher's first process starts, before its"
-    " imports (what a launcher or the script's first lines could do; the package cannot)",
     "fsdp-baseline": "upstream Trainer with FSDP, no checkpoint",
     "fsdp-upstream": "`pytorch_lightning.Trainer` with FSDP: `FSDPStrategy.load_checkpoint`'s full-checkpoint path",
     "fsdp-ours": "`serialized_checkpoint_loading=True` with FSDP: every rank maps the file and copies only its shard"

@@ -21,9 +21,6 @@ STYLE = {  # mode: (color, marker, line)
     "fsdp-upstream": ("tab:red", "o", "--"),
     "fsdp-ours": ("tab:green", "s", "--"),
     "fsdp-baseline": ("0.45", ".", "--"),
-    "ours-true-prefetch": ("tab:olive", "*", "-"),
-    "ours-true-willneed": ("tab:pink", "X", "-"),
-    "ours-true-prefetch-start": ("tab:gray", "h", "-"),
 }
 
 

@@ -214,8 +214,6 @@ def records(results: dict[str, Any]) -> list[Record]:
                 rec.update(all_whole_s=[r["seconds"] for r in runs], time="whole_s")
                 loads = [r["other_cpu_seconds"] / r["seconds"] for r in runs]
                 rec.update(other_load=_median(loads), other_load_max=max(loads))
-                ends = [(r.get("prefetch") or {}).get("prefetch_end") for r in runs]
-                rec["prefetch_end_s"] = _median(ends)  # from the first process's start
                 cells.append(rec)
                 continue
             keys = [(n, entry, r["repeat"], baseline_of(mode)) for r in runs]
@@ -233,8 +231,6 @@ def records(results: dict[str, Any]) -> list[Record]:
             loads = [r["other_cpu_seconds"] / r["job_seconds"] for r in runs]
             rec.update(other_load=_median(loads), other_load_max=max(loads))
             rec.update(exact=None if mode in BASELINES else all(r["exact"] for r in runs), time="window_s")
-            ends = [(r.get("prefetch") or {}).get("end_s") for r in runs]
-            rec["prefetch_end_s"] = _median(ends)  # from the window's start
             cells.append(rec)
         find = {(r["devices"], r["entry"], r["mode"], r["cache"]): r for r in cells}
         for rec in cells:
@@ -477,9 +473,9 @@ stay cached: only the checkpoint is cold.
 ({rate}).
 - *goal*: issue 59's bound for the window cold, 1.2 x S / rate + the same mode's warm window.
 - *read from storage*: what the ranks had the kernel read from storage inside the window (`/proc/self/io` \
-`read_bytes`, all ranks); *major faults*: page faults that waited for storage, all ranks, inside the window.
-- *prefetch done*: for a mode with the benchmark's prefetcher, when it had read the whole file (seconds from the \
-window's start; negative: before the window opened)."""
+`read_bytes`, all ranks); *major faults*: page faults that waited for storage, all ranks, inside the window. The \
+add-on's own read ahead (local rank 0, from the entry point on: `_restore/prefetch.py`) is outside the window where \
+it finished before it, and counted inside where it did not."""
 COLD_WHOLE_TEXT = """Restore-only jobs as whole processes (as in *Whole process, restore only*), warm and cold \
 alternating; *restore*: from the first rank's Trainer `setup` to the last rank's `on_fit_end`."""
 
@@ -523,12 +519,12 @@ def cold_section(results: dict[str, Any], recs: list[Record], image_dir: str) ->
         cells += [_num(r["vs_upstream"], True), _spread(r["restore_s"], r["restore_range_s"])]
         cells += [_num(r["read_bytes"] / GIB if r["read_bytes"] is not None else None)]
         cells += [f"{r['major_faults']:.0f}" if r["major_faults"] is not None else "–"]
-        cells += [_num(r["prefetch_end_s"]), _num(r["other_load"])]
+        cells += [_num(r["other_load"])]
         rows.append(cells)
     rate_text = "; ".join(f"{label}: {rate / GIB:.2f} GiB/s" for label, rate in rates)
     reads = "/".join(str(n) for n in sorted({r["cold_reads"] for r in cold if r.get("cold_reads")}))
     header = "model, S | N | entry | mode | warm window (s) | cold window (s) | S / rate (s) | goal (s) | met"
-    header += " | cold vs upstream's cold | own, cold (s) | read from storage (GiB) | major faults | prefetch done (s)"
+    header += " | cold vs upstream's cold | own, cold (s) | read from storage (GiB) | major faults"
     header += " | other load"
     whole_header = "model, S | N | mode | warm (s) | cold (s) | cold - warm (s) | cold vs upstream's cold"
     whole_header += " | S / rate (s) | restore, warm (s) | restore, cold (s) | each cold job (s) | other load"

@@ -47,14 +47,6 @@ smallest sensible N on. The other committed pages come from such runs (``--no-do
     --modes upstream,ours-true-eager,ours-true --devices 2,4 --output-dir bench_output/eager --no-docs
                                                        # docs/benchmarks_eager_sizes.md
 
-Prefetching (none in the package yet): the modes ``ours-true-prefetch`` (sequential reads), ``ours-true-willneed``
-(``POSIX_FADV_WILLNEED``), both started by the launcher's first process as it calls ``trainer.fit`` / ``validate``,
-and ``ours-true-prefetch-start`` (reads, as that process starts) run one prefetcher process per node beside
-``ours-true`` (``_prefetch.py``); for example, cold and warm against the others:
-
-    --cold --params 126000000 --modes upstream,ours-true,ours-true-prefetch,ours-true-willneed
-        --whole-modes upstream,ours-true,ours-true-prefetch,ours-true-willneed,ours-true-prefetch-start
-
 Whole-process jobs (``--whole-modes``, default ``upstream`` and ``ours-true``, restore only: ``max_steps`` = the
 checkpoint's step) alternate ABBA and are timed from the start of the first process to the exit of the last rank;
 they run in ``--whole-only`` and ``--cold`` runs (``WHOLE_PLAN``) and, one of each at the largest N, in ``--quick``;
@@ -79,8 +71,8 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import _measure, report  # noqa: E402
+from benchmarks._cache import cold_read, timed_read  # noqa: E402
 from benchmarks._measure import CACHES, GIB, READ_CHUNK, JobFailed  # noqa: E402
-from benchmarks._prefetch import cold_read, timed_read  # noqa: E402
 from benchmarks._sampler import FAST_INTERVAL  # noqa: E402
 from benchmarks.modes import BASELINES, DEFAULT, MEASURED, MODES, OTHERS, baseline_of, family_of  # noqa: E402
 from harness.processes import fresh_job_env, run_to_exit  # noqa: E402
@@ -403,10 +395,8 @@ def measure_whole_process(
     prepared = _measure.prepare_cache(config["ckpt_path"], cache) if cache else {}
     busy_before, own_before = _measure.system_busy_seconds(), _measure.own_cpu_seconds()
     env = fresh_job_env(_measure.reader_env(mode))
-    # a prefetching mode's first process starts one more process, which is waited for as the ranks are
-    processes = devices + (1 if MODES[mode].prefetch else 0)
     returncode, gone, started = run_to_exit(
-        _measure.JOB, config, cwd=run_dir, env=env, log=run_dir / "job.log", ranks=processes, timeout=timeout
+        _measure.JOB, config, cwd=run_dir, env=env, log=run_dir / "job.log", ranks=devices, timeout=timeout
     )
     other = _measure.system_busy_seconds() - busy_before - (_measure.own_cpu_seconds() - own_before)
     marks = _measure.markers(run_dir)
@@ -432,8 +422,6 @@ def measure_whole_process(
         before = {m["rank"]: m[key] for m in marks if m["event"] == "setup" and key in m}
         after = {m["rank"]: m[key] for m in marks if m["event"] == "fit_end" and key in m}
         io[key] = sum(after[r] - before[r] for r in after if r in before) if before else None
-    prefetch = {m["event"]: round(m["t"] - started, 3) for m in marks if m["event"].startswith("prefetch_")}
-    prefetch.update(("how", m["how"]) for m in marks if m["event"] == "prefetch_end")
     return {
         "mode": mode,
         "devices": devices,
@@ -446,7 +434,6 @@ def measure_whole_process(
         "cold_read_s": prepared.get("cold_read_s"),
         "resident_bytes": prepared.get("resident_bytes"),
         **io,
-        "prefetch": prefetch or None,
     }
 
 

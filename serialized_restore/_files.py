@@ -1,10 +1,13 @@
 """Checkpoint files without torch: where a path points (local or remote), what kind of file it is, what is wrong with
-one that failed to load, and byte counts as people read them. Used by the readers, the failure records and the
-forecast alike, so that each of these is decided in one place."""
+one that failed to load, how much of it the page cache holds, and byte counts as people read them. Used by the
+readers, the prefetch, the failure records and the forecast alike, so that each of these is decided in one place."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import enum
+import functools
 import os
 import zipfile
 from typing import Any
@@ -163,3 +166,44 @@ def format_bytes(count: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} GiB"
+
+
+_PROT_READ, _MAP_SHARED = 1, 1
+_LOW_BIT = bytes(b & 1 for b in range(256))  # mincore's byte per page: its lowest bit says resident
+
+
+@functools.cache
+def _libc() -> Any:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    return libc
+
+
+def resident_bytes(path: str) -> int | None:
+    """Bytes of the local file at ``path`` in the page cache now, in whole pages up to its size (``mincore`` over a
+    read-only mapping of it, which reads nothing); ``None`` where the system cannot say (no ``mincore``, a file that
+    cannot be mapped)."""
+    try:
+        libc, page = _libc(), os.sysconf("SC_PAGE_SIZE")
+        fd = os.open(path, os.O_RDONLY)
+    except (OSError, AttributeError, ValueError):
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0
+        address = libc.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            return None
+        try:
+            vector = (ctypes.c_ubyte * ((size + page - 1) // page))()
+            if libc.mincore(ctypes.c_void_p(address), size, vector) != 0:
+                return None
+            return min(bytes(vector).translate(_LOW_BIT).count(1) * page, size)
+        finally:
+            libc.munmap(ctypes.c_void_p(address), size)
+    finally:
+        os.close(fd)

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "serialized_restore"
 MAX_LINES = 400
 MAX_CHAIN = 8
 # the layers, bottom first (docs/design.md, *The map*): a module imports only from its own layer or those below
-_BASE = ("_files", "settings", "_coordination.placement", "_lightning.names", "_lightning.versions")
+_BASE = ("_files", "_host", "settings", "_coordination.placement", "_lightning.names", "_lightning.versions")
 _BASE += ("_lightning.strategies", "_launcher.hook")
 LAYERS = (_BASE, ("_coordination",), ("_restore",), ("_lightning",), ("",))
 

@@ -14,12 +14,13 @@ from serialized_restore._coordination.turn_log import TurnRecord
 from serialized_restore._coordination.turns import TurnSchedule
 from serialized_restore._lightning.callbacks import guard_checkpoint_callbacks, release
 from serialized_restore._lightning.names import Owner, flavour_of, lightning_names
-from serialized_restore._lightning.strategies import StrategyPath
+from serialized_restore._lightning.strategies import StrategyPath, strategy_path
 from serialized_restore._lightning.versions import restores_callbacks_only_when_fitting, weights_only_for
 from serialized_restore._restore.fsdp import FULL, load_full_checkpoint, upstream_reason
 from serialized_restore._restore.mapping import copy_kept_out_of_mapping, storages_of, wait_for_device_copies
 from serialized_restore._restore.optimizer_state import Fingerprint, OptimizerSource, converts_on_load, load_in_place
 from serialized_restore._restore.plan import Notices, RestorePlan, Source, decide_strategy_path, plan_restore
+from serialized_restore._restore.prefetch import Prefetch
 from serialized_restore._restore.readers import EAGER, MMAP, LoadedCheckpoint, read_checkpoint
 from serialized_restore._restore.remote import NodeLocalCopy
 from serialized_restore._restore.stages import Stage
@@ -40,6 +41,7 @@ class _Restore:
     optimizer_source: OptimizerSource = OptimizerSource.IN_DICT
     fingerprint: Fingerprint | None = None  # of the eagerly read optimizer state before the hooks ran (stage 1)
     guarded: list[Any] = field(default_factory=list)  # checkpoint callbacks that must not save until resume_end
+    prefetch: Prefetch | None = None  # (local rank 0) the read of the file ahead of the restore, stopped at its end
 
 
 class SerializedCheckpointConnectorMixin:
@@ -56,8 +58,29 @@ class SerializedCheckpointConnectorMixin:
         super().__init__(trainer)  # type: ignore[call-arg]
         self._settings = settings
         self._restore: _Restore | None = None
+        self._prefetch: Prefetch | None = None  # started with the entry point, until its restore takes it
         self._notices = Notices()
         self._log = logging.getLogger(f"{flavour_of(self).pytorch}.serialized_restore")
+
+    def _select_ckpt_path(self, *args: Any, **kwargs: Any) -> Any:
+        """(every rank, as an entry point starts) Upstream's choice of the checkpoint path; local rank 0 of each node
+        starts reading a local file into the page cache, ahead of the restore (``_restore/prefetch.py``)."""
+        path = super()._select_ckpt_path(*args, **kwargs)  # type: ignore[misc]
+        self._stop_prefetch()  # one an earlier entry point started, whose restore never came
+        trainer = self.trainer
+        if path and self._settings is not None and trainer.local_rank == 0:
+            if strategy_path(trainer.strategy, Owner.TRAINER)[0] is not StrategyPath.UPSTREAM:
+                self._prefetch = Prefetch.start(path, trainer.global_rank, self._log)
+        return path
+
+    def _stop_prefetch(self, restore: _Restore | None = None) -> None:
+        prefetch = restore.prefetch if restore is not None else self._prefetch
+        if restore is not None:
+            restore.prefetch = None
+        else:
+            self._prefetch = None
+        if prefetch is not None:
+            prefetch.stop()
 
     def _restore_modules_and_callbacks(self, checkpoint_path: Any = None, *args: Any, **kwargs: Any) -> None:
         """(all ranks) Stage 1: read, hooks, weights, datamodule, callbacks, in the rank's turn (FSDP: all together)."""
@@ -73,6 +96,7 @@ class SerializedCheckpointConnectorMixin:
         fitting = trainer.state.fn == lightning_names(self).TrainerFn.FITTING
         weights_only = kwargs.get("weights_only", args[0] if args else None)
         restore = self._restore = _Restore(weights_only, fitting, guarded=guard_checkpoint_callbacks(trainer))
+        restore.prefetch, self._prefetch = self._prefetch, None
         try:
             value = trainer.serialized_checkpoint_loading
             how = decide_strategy_path(Owner.TRAINER, trainer.strategy, value, self._notices)
@@ -82,6 +106,7 @@ class SerializedCheckpointConnectorMixin:
             )  # fmt: skip
             if plan.strategy_path is StrategyPath.UPSTREAM:
                 release(restore.guarded)
+                self._stop_prefetch(restore)
                 self._restore = None
                 super()._restore_modules_and_callbacks(checkpoint_path, *args, **kwargs)  # type: ignore[misc]
                 return
@@ -100,6 +125,8 @@ class SerializedCheckpointConnectorMixin:
                 if restore.loaded is not None:
                     record.bytes_read, record.reader = restore.loaded.bytes_read, restore.loaded.reader
             restore.turns = turns
+            if not fitting:  # the weights, which come first in the file, are read: the rest is never needed
+                self._stop_prefetch(restore)
         except BaseException:
             self._abandon(restore)
             raise
@@ -127,6 +154,7 @@ class SerializedCheckpointConnectorMixin:
         """(each rank, after a failed stage) Free what the restore holds; resume_end won't run."""
         self._loaded_checkpoint = {}
         restore.turns = restore.loaded = restore.fingerprint = None
+        self._stop_prefetch(restore)
         self._remove_local_copy(restore)
 
     def _remove_local_copy(self, restore: _Restore) -> None:
@@ -242,6 +270,7 @@ class SerializedCheckpointConnectorMixin:
     def resume_end(self) -> None:
         restore, self._restore = self._restore, None
         if restore is not None:
+            self._stop_prefetch(restore)
             self._remove_local_copy(restore)
             release(restore.guarded)
         super().resume_end()  # type: ignore[misc]

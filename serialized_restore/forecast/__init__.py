@@ -6,7 +6,7 @@ from the checkpoint's tensor table alone (no tensor data is read). The model: ``
     print(render(forecast, memory_available()))
 """
 
-from serialized_restore.forecast.limits import Available, memory_available
+from serialized_restore._host import Available, memory_available
 from serialized_restore.forecast.model import Forecast, Resume, predict
 from serialized_restore.forecast.report import render, to_json
 from serialized_restore.forecast.sources import read_table

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from serialized_restore._files import format_bytes
-from serialized_restore.forecast.limits import Available
+from serialized_restore._host import Available
 from serialized_restore.forecast.model import Forecast, Resume
 
 

@@ -1,6 +1,7 @@
 """The memory available to a job on this host: the cgroup limit of this process's cgroup where one is set (v2
 ``memory.max``, the smallest over its ancestors; v1 ``memory.limit_in_bytes``), else the host's ``MemAvailable``
-(``/proc/meminfo``)."""
+(``/proc/meminfo``). The forecast says whether a resume fits in it; the prefetch reads a file ahead only where it
+fits."""
 
 from __future__ import annotations
 
