@@ -172,7 +172,7 @@ def records(results: dict[str, Any]) -> list[Record]:
     (``cache``: ``warm`` or ``cold``; a baseline, which reads no checkpoint, is recorded under each cache state the run
     measured): medians of its jobs and their range (``*_range``: [min, max]), their overheads against the baseline
     job of the same repeat, the floor, and ratios. Cold records also carry the storage's read rate, measured in the
-    same run, and the goal of issue 59 for the window."""
+    same run, and the cold window's goal."""
     out: list[Record] = []
     for size in results["sizes"]:
         ck, floor = size["checkpoint"], size.get("floor") or {}
@@ -248,7 +248,7 @@ def records(results: dict[str, Any]) -> list[Record]:
             if rec["cache"] == "cold":
                 warm = find.get((rec["devices"], rec["entry"], rec["mode"], "warm"), {})
                 rec["warm_window_s"], rec["warm_whole_s"] = warm.get("window_s"), warm.get("whole_s")
-                # issue 59's goal: the restore's window cold <= 1.2 x S / the storage's rate + the warm window
+                # the goal: the restore's window cold <= 1.2 x S / the storage's rate + the warm window
                 known = rec["cold_read_s"] is not None and rec["warm_window_s"] is not None and rec["window_s"]
                 rec["goal_window_s"] = 1.2 * rec["cold_read_s"] + rec["warm_window_s"] if known else None
                 rec["goal_met"] = rec["window_s"] <= rec["goal_window_s"] if known else None
@@ -471,7 +471,7 @@ stay cached: only the checkpoint is cold.
 
 - *S / rate*: S over the storage's sequential read rate, the median of the {reads} cold reads of this size in the run \
 ({rate}).
-- *goal*: issue 59's bound for the window cold, 1.2 x S / rate + the same mode's warm window.
+- *goal*: the bound set for the window cold, 1.2 x S / rate + the same mode's warm window.
 - *read from storage*: what the ranks had the kernel read from storage inside the window (`/proc/self/io` \
 `read_bytes`, all ranks); *major faults*: page faults that waited for storage, all ranks, inside the window. The \
 add-on's own read ahead (local rank 0, from the entry point on: `_restore/prefetch.py`) is outside the window where \
@@ -488,7 +488,7 @@ def _spread(value: Optional[float], spread: Optional[list[float]], digits: int =
 
 
 def cold_section(results: dict[str, Any], recs: list[Record], image_dir: str) -> list[str]:
-    """The cold resumes against the warm ones of the same run: the restore windows, the storage's rate and issue 59's
+    """The cold resumes against the warm ones of the same run: the restore windows, the storage's rate and the
     goal, and the whole-process jobs; the plot of the cold window against S."""
     find = {(r["params"], r["devices"], r["entry"], r["mode"], r["cache"]): r for r in recs}
     cold = sorted(

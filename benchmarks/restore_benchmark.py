@@ -24,7 +24,7 @@ in the same run.
     python benchmarks/restore_benchmark.py --dry-run   # the jobs a run would run, and how many
     python benchmarks/restore_benchmark.py --whole-only --docs   # whole-process times, 5 of each mode per cell
                                                        # (about 10 minutes): that section of docs/benchmarks.md
-    python benchmarks/restore_benchmark.py --cold --docs   # cold resumes (issue 59), each warm and cold, 3 of each:
+    python benchmarks/restore_benchmark.py --cold --docs   # cold resumes, each warm and cold, 3 of each:
                                                        # upstream, ours-true, ours-1, ours-true-eager at N = 2 and 4
                                                        # at 126M, fit and validate, and whole processes (upstream,
                                                        # ours-true); upstream and ours-true at N = 4 at 8M and 40M
@@ -91,7 +91,7 @@ WHOLE_PLAN = {"whole": ((1, 2, 4), (4,)), "cold": ((2, 4), ())}
 WHOLE_REPEATS = {"whole": 5, "quick": 1, "full": 0, "cold": 3}
 REPEATS = {"quick": 1}  # measured jobs per cell where --repeats is not given; else 3
 QUICK = {"params": (8_000_000,), "devices": (1, 2), "modes": ("upstream", "ours-true", "ours-1")}  # S ~ 92 MiB
-# --cold: the modes of issue 59's cold comparison at N = 2 and 4 at the largest size, upstream's and True's at N = 4
+# --cold: the modes of the cold comparison at N = 2 and 4 at the largest size, upstream's and True's at N = 4
 # at every smaller one (the time against S), each warm and cold, paired
 COLD = {
     "largest": {"upstream": (2, 4), "ours-true": (2, 4), "ours-1": (2, 4), "ours-true-eager": (2, 4)},
