@@ -3,7 +3,8 @@
 # order, and passes Lightning's own lint and each pull request's tests there, within master's own torch range.
 #
 # 1. upstream/series.py check against the snapshot (../shared/upstream/lightning-master-*.tar.gz, or
-#    $LIGHTNING_MASTER_SNAPSHOT): each patch applies on the ones before it, in the form `series.py refresh` writes.
+#    $LIGHTNING_MASTER_SNAPSHOT) with master's files of upstream/base/ laid over it (each checked against its git blob
+#    id in upstream/base.txt): each patch applies on the ones before it, in the form `series.py refresh` writes.
 # 2. A throwaway venv with the newest torch master allows (requirements/pytorch/base.txt: torch <2.10, so 2.9.1, the
 #    pin of master's requirements/typing.txt too), the snapshot installed editable as Lightning's CI does, master's
 #    pytest and pytest-timeout pins, and Lightning's ruff and mypy (upstream/lint-requirements.txt). PyPI serves torch
@@ -26,10 +27,10 @@ PYTHON="${PYTHON:-python3}"
 TEST_TIMEOUT=300
 NEWEST_TORCH=2.9.1
 OLDEST_TORCH=2.1.2
-# the pull requests whose tests also run on the oldest torch: all of them (04's FSDP tests skip there, its torch < 2.3
-# path runs)
-OLDEST_TORCH_PRS=(01-mmap 02-partial-restore 03-serialized-loading 04-fsdp-full-state)
-# the pull requests a maintainer may merge without the ones before them (03 and 04 build on 01; 03 also on 02)
+# the pull requests whose tests also run on the oldest torch: all of them (03's standalone FSDP test skips there: FSDP
+# on CPU needs torch 2.4; its mapped read runs)
+OLDEST_TORCH_PRS=(01-mmap 02-partial-restore 03-fsdp-full-state)
+# the pull requests a maintainer may merge without the ones before them (03 builds on 01)
 INDEPENDENT=(01-mmap 02-partial-restore)
 
 # pip's notes on index locations this machine lacks are noise here; its errors still fail the step
@@ -54,11 +55,10 @@ step "upstream/series applies in order, each patch as upstream/series.py refresh
 mapfile -t SERIES < <(ls upstream/series/*.patch | sort)
 [ "${#SERIES[@]}" -gt 0 ] || fail "upstream/series holds no patch"
 
-# a fresh master tree, a git repository of its own so that git apply takes every path even inside another checkout
+# a fresh master tree (the snapshot with upstream/base/), a git repository of its own so that git apply takes every
+# path even inside another checkout
 unpack() {
-  mkdir -p "$1"
-  tar -xzf "$LIGHTNING_MASTER_SNAPSHOT" -C "$1"
-  git -C "$1/lightning-master" init --quiet
+  "$PYTHON" upstream/series.py apply "$1/lightning-master" --upto 0 > /dev/null
 }
 unpack "$WORK/series"
 TREE="$WORK/series/lightning-master"

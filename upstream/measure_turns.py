@@ -1,10 +1,12 @@
-"""Node memory of a restore on Lightning master, unpatched vs with `Trainer(serialized_checkpoint_loading=...)`.
+"""Node memory and restore time of a DDP or FSDP restore on Lightning master, unpatched vs patched.
 
-Figures for the upstream pull requests `03-serialized-loading` and `04-fsdp-full-state`. Each job is a real DDP (or
-FSDP) run on CPU over gloo, started as Lightning starts it: this script runs as global rank 0 and Lightning's own
-`ddp` launcher starts the other local ranks. The parent samples the ``RssAnon`` of every process of the job's tree
-(``/proc/<pid>/status``, every 2 ms, the ranks at a lower priority) and reports the peak of its sum, the node's peak
-anonymous memory. A job with a checkpoint is compared with the same job without one (the baseline):
+Figures for the upstream pull request `03-fsdp-full-state`, and, with the withdrawn serialized-loading PR applied, for
+`proposals/serialized-loading.md` (its `turns` variants were removed with that PR: the figures in `figures.json` name
+the commit of this script that measured them). Each job is a real DDP (or FSDP) run on CPU over gloo, started as
+Lightning starts it: this script runs as global rank 0 and Lightning's own `ddp` launcher starts the other local ranks.
+The parent samples the ``RssAnon`` of every process of the job's tree (``/proc/<pid>/status``, every 2 ms, the ranks at
+a lower priority) and reports the peak of its sum, the node's peak anonymous memory. A job with a checkpoint is
+compared with the same job without one (the baseline):
 
 * ``validate``: ``trainer.validate(ckpt_path=...)`` on one batch; nothing of the checkpoint needs to stay.
 * ``fit``: ``trainer.fit(ckpt_path=...)`` with ``max_steps`` equal to the checkpoint's step, so the job ends right
@@ -17,14 +19,10 @@ restore and the strategy's setup; the same for every variant).
 
 Which Lightning runs is chosen by ``PYTHONPATH``: ``--master`` and ``--patched`` name two ``src/`` folders (the
 pristine snapshot and the snapshot with the series applied, ``upstream/series.py apply``). ``--variants`` are the
-patched runs: ``turns`` (``serialized_checkpoint_loading=True``), ``mmap`` (``TorchCheckpointIO(mmap=True)``, PR 01;
-under FSDP, PR 04, whose full-state load honours it), ``mmap+turns``, ``plain`` (no flag). ``--legacy`` saves the
-checkpoint in torch's legacy (non-zip) format, which cannot be memory-mapped (PR 01 falls back to reading it into
-memory): the case PR 03 is for. Small sizes only: this is meant for a shared machine.
+patched runs: ``mmap`` (``TorchCheckpointIO(mmap=True)``, PR 01; under FSDP, PR 03, whose full-state load honours it),
+``plain`` (no flag). ``--legacy`` saves the checkpoint in torch's legacy (non-zip) format, which cannot be
+memory-mapped (PR 01 falls back to reading it into memory). Small sizes only: this is meant for a shared machine.
 
-    python upstream/measure_turns.py --master M/src --patched P/src --sizes 8 --devices 2 4 --variants turns mmap
-    python upstream/measure_turns.py --master M/src --patched P/src --sizes 8 --devices 2 4 --legacy \
-        --variants mmap mmap+turns
     python upstream/measure_turns.py --master M/src --patched P/src --sizes 8 --devices 2 4 --fns fit \
         --strategy fsdp --variants mmap
 """
@@ -117,9 +115,7 @@ def job(spec: dict[str, Any]) -> None:
         limit_val_batches=1,
         max_steps=spec["steps"] if spec["ckpt"] else 0,
     )
-    if "turns" in spec["variant"]:
-        kwargs["serialized_checkpoint_loading"] = True
-    if "mmap" in spec["variant"]:
+    if spec["variant"] == "mmap":
         from lightning.pytorch.plugins import TorchCheckpointIO
 
         kwargs["plugins"] = [TorchCheckpointIO(mmap=True)]  # type: ignore[call-arg]  # PR 01's argument
@@ -212,7 +208,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, nargs="+", default=[2, 4], help="local ranks (N)")
     parser.add_argument("--fns", nargs="+", default=["validate", "fit"])
     parser.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp")
-    parser.add_argument("--variants", nargs="+", default=["turns"], choices=["turns", "mmap", "mmap+turns", "plain"])
+    parser.add_argument("--variants", nargs="+", default=["mmap"], choices=["mmap", "plain"])
     parser.add_argument("--legacy", action="store_true", help="save the checkpoint in torch's legacy non-zip format")
     parser.add_argument("--out", type=Path, help="write the raw results here as JSON")
     args = parser.parse_args()

@@ -13,6 +13,8 @@ repository with one commit per applied pull request (the commit's subject is the
 To change PR 02 of four: ``apply DIR --upto 2``, edit files in DIR, ``refresh DIR``, then ``push DIR`` twice (each push
 rewrites the pushed patch, so its context follows the change below it). The snapshot is
 ``../shared/upstream/lightning-master-*.tar.gz`` relative to the repository root, or ``$LIGHTNING_MASTER_SNAPSHOT``.
+Master's own files that the snapshot leaves out but the series needs (``base/``, listed in ``base.txt`` with their git
+blob ids at the snapshot's commit) are laid over it, so the base is master as far as the series reaches.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pathlib import Path
 
 UPSTREAM = Path(__file__).resolve().parent
 SERIES = UPSTREAM / "series"
+BASE_FILES = UPSTREAM / "base"
+BASE_LIST = UPSTREAM / "base.txt"
 SNAPSHOT_ENV = "LIGHTNING_MASTER_SNAPSHOT"
 PREFIX = "lightning-master/"
 BASE = "master"  # the subject of the scratch tree's first commit: the pristine snapshot
@@ -80,7 +84,7 @@ def applied(tree: Path) -> list[str]:
 
 
 def unpack(snapshot: Path, tree: Path) -> None:
-    """The pristine snapshot into ``tree``, committed as ``master``."""
+    """The pristine snapshot into ``tree`` with master's files of ``base/`` laid over it, committed as ``master``."""
     tree.mkdir(parents=True, exist_ok=True)
     if any(tree.iterdir()):
         raise SeriesError(f"{tree} is not empty")
@@ -90,6 +94,16 @@ def unpack(snapshot: Path, tree: Path) -> None:
                 member.name = member.name[len(PREFIX) :]
                 tar.extract(member, tree, filter="data")  # no links out of `tree`, no special files
     _git(tree, "init", "--quiet")
+    for line in BASE_LIST.read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        blob, name = line.split(" ", 1)
+        if (tree / name).exists():
+            raise SeriesError(f"base/{name} is in the snapshot already: remove it from base/ and base.txt")
+        if _git(tree, "hash-object", str(BASE_FILES / name)).strip() != blob:
+            raise SeriesError(f"base/{name} is not master's file {blob} (base.txt)")
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes((BASE_FILES / name).read_bytes())
     _commit(tree, BASE)
 
 
