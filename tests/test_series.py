@@ -59,9 +59,27 @@ def git_diff(before: dict[str, str], after: dict[str, str], work: Path) -> str:
     return subprocess.run([*diff, *(tree.strip() for tree in trees)], capture_output=True, text=True).stdout
 
 
+def blob_id(path: Path) -> str:
+    return subprocess.run(["git", "hash-object", str(path)], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def tiny_base(series_py: Any, monkeypatch: pytest.MonkeyPatch, root: Path, files: dict[str, str]) -> None:
+    """Point the tool at a ``base/`` of its own (the files laid over the snapshot) and a ``base.txt`` naming each."""
+    lines = ["# the files under base/"]
+    for name, text in files.items():
+        (root / "base" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "base" / name).write_text(text)
+        lines.append(f"{blob_id(root / 'base' / name)} {name}")
+    (root / "base.txt").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(series_py, "BASE_FILES", root / "base")
+    monkeypatch.setattr(series_py, "BASE_LIST", root / "base.txt")
+
+
 @pytest.fixture
-def setup(tmp_path: Path) -> tuple[Path, Path]:
-    """A snapshot with one module and a series of two patches that change it in turn (02 also adds a file)."""
+def setup(series_py: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A snapshot with one module and a series of two patches that change it in turn (02 also adds a file); no base
+    files to lay over it."""
+    tiny_base(series_py, monkeypatch, tmp_path, {})
     master = {"src/m.py": "a = 1\nb = 2\n", "README.md": "readme\n"}
     snapshot = write_snapshot(tmp_path / "master.tar.gz", master)
     first = {**master, "src/m.py": "a = 1\nb = 3\n"}
@@ -135,3 +153,22 @@ def test_refresh_refuses_a_tree_it_did_not_make(series_py: Any, tmp_path: Path) 
     subprocess.run(["git", "-C", str(tmp_path), *env, "commit", "--quiet", "-m", "other"], check=True)
     with pytest.raises(series_py.SeriesError, match="not a scratch tree"):
         series_py.refresh(tmp_path, tmp_path)
+
+
+def test_unpack_lays_the_base_files_over_the_snapshot_after_checking_each(
+    series_py: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Master's files the snapshot leaves out are laid over it in the ``master`` commit; a file that is not the one
+    ``base.txt`` names, or one the snapshot already has, is refused."""
+    snapshot = write_snapshot(tmp_path / "master.tar.gz", {"src/m.py": "a = 1\n"})
+    tiny_base(series_py, monkeypatch, tmp_path, {"tests/helpers.py": "def helper(): ...\n"})
+    tree = tmp_path / "tree"
+    series_py.unpack(snapshot, tree)
+    assert (tree / "tests/helpers.py").read_text() == "def helper(): ...\n"
+    assert series_py._git(tree, "status", "--porcelain") == ""
+    (tmp_path / "base/tests/helpers.py").write_text("def helper(): return 1\n")
+    with pytest.raises(series_py.SeriesError, match="is not master's file"):
+        series_py.unpack(snapshot, tmp_path / "tree2")
+    tiny_base(series_py, monkeypatch, tmp_path, {"src/m.py": "a = 1\n"})
+    with pytest.raises(series_py.SeriesError, match="in the snapshot already"):
+        series_py.unpack(snapshot, tmp_path / "tree3")
