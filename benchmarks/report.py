@@ -138,6 +138,14 @@ def target_label(mode: str, entry: str, figure: str, scope: str, low: Optional[f
     )
 
 
+TITLES = {"ddp": "DDP", "fsdp": "FSDP", "zero": "sharded optimizers", "oss": "sharded optimizers", "fabric": "Fabric"}
+
+
+def _family_name(rec: dict[str, Any]) -> str:
+    """What a record's mode restores with, for the page's title (Fabric with FSDP counts as Fabric)."""
+    return TITLES[MODES[rec["mode"]].family.split("-")[0]]
+
+
 def restore_window(run: dict[str, Any]) -> Optional[float]:
     """A whole-process job's restore: from the first rank's ``setup`` to the last rank's ``fit_end``."""
     marks = [(run.get("phases") or {}).get(event) or [] for event in ("setup", "fit_end")]
@@ -404,7 +412,8 @@ def report(results: dict[str, Any], recs: list[Record], image_dir: str) -> str:
     ck = ", ".join(f"{s['checkpoint']['params']:,} parameters (S = {s['checkpoint']['size_bytes'] / GIB:.3f} GiB)"
                    for s in results["sizes"])  # fmt: skip
     cold_text = ", or dropped from it and checked gone (cold: *Cold resumes*)" if cold else ""
-    head = f"""# Benchmark: node memory and time of a restore (DDP, FSDP, sharded optimizers, Fabric)
+    families = [f for f in ("DDP", "FSDP", "sharded optimizers", "Fabric") if any(_family_name(r) == f for r in recs)]
+    head = f"""# Benchmark: node memory and time of a restore ({", ".join(families)})
 
 Generated, with its plots and `benchmark_results.json`, by `benchmarks/restore_benchmark.py` (the page by \
 `benchmarks/report.py` from the run's `results.json`); every number comes from that one run, but in the sections \

@@ -40,8 +40,8 @@ smallest sensible N on. The other committed pages come from such runs (``--no-do
 
     --modes others --devices 4 --params 126000000 --output-dir bench_output/others --no-docs
                                                        # the anchors (mmap-plugin, proposal-2021) and the other
-                                                       # families (FSDP, ZeRO, OSS, Fabric): modes.OTHERS, about 25
-                                                       # minutes
+                                                       # families (FSDP, ZeRO, OSS, Fabric): modes.OTHERS, about 18
+                                                       # minutes: docs/benchmarks_strategies.md
     --modes fabric-fsdp-upstream,fabric-fsdp-ours,fabric-upstream,fabric-ours --devices 2,4
         --output-dir bench_output/fabric --no-docs      # docs/benchmarks_fabric_sizes.md
     --modes upstream,ours-true-eager,ours-true --devices 2,4 --output-dir bench_output/eager --no-docs
