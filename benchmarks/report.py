@@ -531,7 +531,8 @@ def cold_section(results: dict[str, Any], recs: list[Record], image_dir: str) ->
         cells += [_num(r["other_load"])]
         rows.append(cells)
     rate_text = "; ".join(f"{label}: {rate / GIB:.2f} GiB/s" for label, rate in rates)
-    reads = "/".join(str(n) for n in sorted({r["cold_reads"] for r in cold if r.get("cold_reads")}))
+    counts = sorted({r["cold_reads"] for r in cold if r.get("cold_reads")})
+    reads = f"{counts[0]} to {counts[-1]}" if len(counts) > 1 else "".join(map(str, counts))
     header = "model, S | N | entry | mode | warm window (s) | cold window (s) | S / rate (s) | goal (s) | met"
     header += " | cold vs upstream's cold | own, cold (s) | read from storage (GiB) | major faults"
     header += " | other load"
