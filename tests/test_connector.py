@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytorch_lightning as pl
 import torch
+import torchmetrics
 from pytorch_lightning.strategies import SingleDeviceStrategy, Strategy
 
 from harness.models import dataloader, make_model_class
@@ -189,3 +192,47 @@ def test_a_missing_checkpoint_raises_upstreams_error_with_no_word_about_readers(
         errors.append((type(info.value), str(info.value)))
     assert errors[0] == errors[1] and errors[0][0] is FileNotFoundError, errors
     assert "eagerly" not in caplog.text and "memory-mapped" not in caplog.text
+
+
+class _WithPersistentMetric(Model):
+    """Keeps a persistent torchmetrics state, which ``Metric._load_from_state_dict`` assigns instead of copying it;
+    records, once the restore is over, the lines of ``/proc/self/maps`` that map the checkpoint and the state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metric = torchmetrics.SumMetric()
+        self.metric.persistent(True)
+        self.mapped: list[str] | None = None
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.metric.update(torch.tensor(1.0))
+
+    def _after_restore(self) -> None:
+        if self.mapped is None and self.ckpt is not None:
+            gc.collect()
+            maps = Path("/proc/self/maps").read_text().splitlines()
+            self.mapped = [line for line in maps if line.endswith(os.path.realpath(self.ckpt))]
+            self.sum_at_start = self.metric.sum_value.clone()
+
+    ckpt: str | None = None
+    on_train_start = on_validation_start = _after_restore
+
+
+@pytest.mark.parametrize("entry", ["fit", "validate"])
+def test_what_a_module_keeps_of_the_weights_is_copied_out_of_the_mapping(tmp_path: Path, entry: str) -> None:
+    """A persistent torchmetrics state, which the metric keeps instead of copying it from the memory-mapped checkpoint,
+    is copied out of the mapping at the end of the first stage: once the restore is over the file is not mapped, and
+    the state has its saved value."""
+    trainer = _trainer(tmp_path)
+    trainer.fit(_WithPersistentMetric(), train_dataloaders=dataloader())
+    path = str(tmp_path / "metric.ckpt")
+    trainer.save_checkpoint(path)
+    saved = torch.load(path, weights_only=False)["state_dict"]["metric.sum_value"]
+    assert saved > 0
+
+    model = _WithPersistentMetric()
+    model.ckpt = path
+    trainer = _trainer(tmp_path, max_epochs=2, serialized_checkpoint_loading=True)
+    getattr(trainer, entry)(model, dataloader(), ckpt_path=path)
+    assert model.mapped == []
+    assert torch.equal(model.sum_at_start, saved)

@@ -6,6 +6,8 @@ returned remainder and the errors are compared with upstream ``Fabric`` loading 
 
 from __future__ import annotations
 
+import gc
+import os
 import socket
 import subprocess
 from pathlib import Path
@@ -244,3 +246,29 @@ def test_single_process_raises_the_original_exception_and_bad_values_are_refused
             fabric.load(missing, {"model": torch.nn.Linear(2, 2)})
         errors.append((type(info.value), str(info.value)))
     assert errors[0] == errors[1]
+
+
+def test_fabric_load_copies_out_what_a_module_keeps_of_the_weights(tmp_path: Path) -> None:
+    """``fabric.load`` into a module with a persistent torchmetrics state (which the metric keeps instead of copying it
+    from the memory-mapped checkpoint): afterwards the file is not mapped, and the state has its saved value."""
+    import torchmetrics
+
+    from serialized_restore.fabric import Fabric
+
+    def module() -> torch.nn.Module:
+        metric = torchmetrics.SumMetric()
+        metric.persistent(True)
+        return torch.nn.ModuleDict({"layer": torch.nn.Linear(4, 4), "metric": metric})
+
+    fabric = Fabric(accelerator="cpu", devices=1, serialized_checkpoint_loading=True)
+    saved = module()
+    saved["metric"].update(torch.tensor(3.0))
+    path = tmp_path / "metric.ckpt"
+    fabric.save(path, {"model": saved})
+
+    loaded = module()
+    fabric.load(path, {"model": loaded})
+    gc.collect()
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    assert [line for line in maps if line.endswith(os.path.realpath(path))] == []
+    assert torch.equal(loaded["metric"].sum_value, torch.tensor(3.0))

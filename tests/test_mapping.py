@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from serialized_restore._restore.mapping import copy_kept_out_of_mapping, storages_of
+from serialized_restore._restore.mapping import copy_kept_out_of_mapping, copy_modules_out_of_mapping, storages_of
 
 
 def test_only_the_state_an_optimizer_keeps_is_copied_out_of_the_mapping(tmp_path: Path) -> None:
@@ -55,3 +55,31 @@ def test_state_an_optimizer_dropped_is_not_copied_and_views_stay_views(tmp_path:
     assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
     assert torch.equal(torch.cat([first, second]), flat) and torch.equal(state["alone"], torch.ones(5))
     assert mapped["dropped"].untyped_storage().data_ptr() in storages  # still the file's: never copied
+
+
+def test_what_a_module_kept_instead_of_copying_is_copied_out_and_nothing_else(tmp_path: Path) -> None:
+    """A parameter assigned from the mapping keeps its identity and gets private data; a buffer, a tensor attribute and
+    a list attribute's tensors that lie in the mapping are copied, in a submodule too; the module's own tensors and
+    what is not a tensor stay as they are."""
+    torch.save({"w": torch.arange(4.0), "b": torch.ones(2), "s": torch.full((3,), 2.0), "l": torch.zeros(5)},
+               tmp_path / "m.pt")  # fmt: skip
+    mapped = torch.load(tmp_path / "m.pt", mmap=True, weights_only=True)
+    storages = storages_of(mapped)
+    inner = torch.nn.Linear(2, 2)
+    own_weight = inner.weight.data
+    inner.bias = torch.nn.Parameter(mapped["b"])  # as `load_state_dict(assign=True)` leaves it
+    bias = inner.bias
+    inner.register_buffer("kept", mapped["w"])
+    outer = torch.nn.Sequential(inner)
+    outer.state = mapped["s"]
+    outer.states = [mapped["l"], "not a tensor"]
+
+    copied = copy_modules_out_of_mapping([outer], storages)
+
+    assert copied == (2 + 4 + 3 + 5) * 4
+    assert inner.bias is bias and inner.weight.data.data_ptr() == own_weight.data_ptr()
+    for tensor, key in ((inner.bias, "b"), (inner.kept, "w"), (outer.state, "s"), (outer.states[0], "l")):
+        assert tensor.untyped_storage().data_ptr() not in storages
+        assert torch.equal(tensor, mapped[key])
+    assert outer.states[1] == "not a tensor"
+    assert copy_modules_out_of_mapping([outer], storages) == 0  # nothing mapped is left

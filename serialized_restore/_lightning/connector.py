@@ -17,7 +17,12 @@ from serialized_restore._lightning.names import Owner, flavour_of, lightning_nam
 from serialized_restore._lightning.strategies import StrategyPath, strategy_path
 from serialized_restore._lightning.versions import restores_callbacks_only_when_fitting, weights_only_for
 from serialized_restore._restore.fsdp import FULL, load_full_checkpoint, upstream_reason
-from serialized_restore._restore.mapping import copy_kept_out_of_mapping, storages_of, wait_for_device_copies
+from serialized_restore._restore.mapping import (
+    copy_kept_out_of_mapping,
+    copy_modules_out_of_mapping,
+    storages_of,
+    wait_for_device_copies,
+)
 from serialized_restore._restore.optimizer_state import Fingerprint, OptimizerSource, converts_on_load, load_in_place
 from serialized_restore._restore.plan import Notices, RestorePlan, Source, decide_strategy_path, plan_restore
 from serialized_restore._restore.prefetch import Prefetch
@@ -188,11 +193,17 @@ class SerializedCheckpointConnectorMixin:
 
     def _restore_the_rest(self, restore: _Restore) -> None:
         """Upstream's stage 1 hooks and restores on the loaded dict, then what stage 2 does not need is dropped."""
+        mapped = set()
+        if restore.loaded is not None and restore.loaded.reader == MMAP:
+            mapped = storages_of(self._loaded_checkpoint.get("state_dict"))
         self.restore_model()
         self.restore_datamodule()
         if restore.fitting or not restores_callbacks_only_when_fitting(flavour_of(self)):
             self.restore_callbacks()
         wait_for_device_copies()
+        if mapped and self.trainer.lightning_module is not None:
+            # what the model kept of the weights instead of copying them (a persistent torchmetrics state)
+            copy_modules_out_of_mapping([self.trainer.lightning_module], mapped)
         checkpoint = self._loaded_checkpoint
         if "state_dict" in checkpoint:
             # keep the key, so that the dict never turns empty (upstream skips stage 2 for an empty dict)

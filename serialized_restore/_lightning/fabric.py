@@ -19,6 +19,7 @@ from serialized_restore._lightning.versions import check_supported
 from serialized_restore._restore.fsdp import FULL, restore_full_state, upstream_reason
 from serialized_restore._restore.mapping import (
     copy_kept_out_of_mapping,
+    copy_modules_out_of_mapping,
     copy_out_of_mapping,
     optimizer_containers,
     storages_of,
@@ -186,14 +187,18 @@ class SerializedFabricMixin:
     @staticmethod
     def _copy_kept(state: Any, remainder: Any, mapped: set[int]) -> int:
         """Copy out of the mapping what the optimizers kept, the values put into ``state`` and the remainder, in one
-        walk: a tensor reachable from several of them gets one shared copy."""
+        walk: a tensor reachable from several of them gets one shared copy; then what the modules kept of their
+        weights instead of copying them (a persistent torchmetrics state)."""
         if isinstance(state, torch.optim.Optimizer):
             return copy_kept_out_of_mapping([state], mapped)
-        containers = [remainder]
+        if isinstance(state, torch.nn.Module):
+            return copy_modules_out_of_mapping([state], mapped)
+        containers, modules = [remainder], []
         if isinstance(state, dict):
             optimizers = [obj for obj in state.values() if isinstance(obj, torch.optim.Optimizer)]
+            modules = [obj for obj in state.values() if isinstance(obj, torch.nn.Module)]
             containers += [*optimizer_containers(optimizers), state]
-        return copy_out_of_mapping(containers, mapped)
+        return copy_out_of_mapping(containers, mapped) + copy_modules_out_of_mapping(modules, mapped)
 
 
 class _AlreadyRead:

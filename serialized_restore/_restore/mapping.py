@@ -35,6 +35,29 @@ def copy_kept_out_of_mapping(optimizers: list[Any], mapped: set[int]) -> int:
     return copy_out_of_mapping(optimizer_containers(optimizers), mapped)
 
 
+def copy_modules_out_of_mapping(modules: list[torch.nn.Module], mapped: set[int]) -> int:
+    """Copy into private memory what ``modules`` and their submodules still hold of the storages ``mapped``: the tensors
+    a module keeps instead of copying them in ``load_state_dict`` (``assign=True``, a ``_load_from_state_dict`` of its
+    own, the persistent states of a torchmetrics ``Metric``), as a parameter's data (the parameter stays the same
+    object), a buffer, a tensor attribute or the tensors of a list attribute; the bytes copied. What
+    ``load_state_dict`` copied into the module's own tensors is not touched."""
+    copied = 0
+    containers: list[Any] = []
+    attributes: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for submodule in {id(sub): sub for module in modules for sub in module.modules()}.values():
+        for param in submodule.parameters(recurse=False):
+            if param.layout is torch.strided and param.data.untyped_storage().data_ptr() in mapped:
+                param.data = param.data.clone()
+                copied += param.nbytes
+        own = {name: value for name, value in vars(submodule).items() if isinstance(value, (torch.Tensor, list))}
+        containers += [submodule._buffers, own]
+        attributes.append((vars(submodule), own))
+    copied += copy_out_of_mapping(containers, mapped)
+    for holder, own in attributes:  # a tensor attribute replaced by its copy (lists were changed in place)
+        holder.update((name, value) for name, value in own.items() if holder[name] is not value)
+    return copied
+
+
 def optimizer_containers(optimizers: list[Any]) -> list[Any]:
     """Each optimizer's ``state`` and ``param_groups``, and those of optimizers it wraps (ZeRO's, OSS's ``optim``)."""
     containers: list[Any] = []
