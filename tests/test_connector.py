@@ -219,7 +219,9 @@ class _WithPersistentMetric(Model):
 
 
 @pytest.mark.parametrize("entry", ["fit", "validate"])
-def test_what_a_module_keeps_of_the_weights_is_copied_out_of_the_mapping(tmp_path: Path, entry: str) -> None:
+def test_what_a_module_keeps_of_the_weights_is_copied_out_of_the_mapping(
+    tmp_path: Path, entry: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A persistent torchmetrics state, which the metric keeps instead of copying it from the memory-mapped checkpoint,
     is copied out of the mapping at the end of the first stage: once the restore is over the file is not mapped, and
     the state has its saved value."""
@@ -233,6 +235,8 @@ def test_what_a_module_keeps_of_the_weights_is_copied_out_of_the_mapping(tmp_pat
     model = _WithPersistentMetric()
     model.ckpt = path
     trainer = _trainer(tmp_path, max_epochs=2, serialized_checkpoint_loading=True)
-    getattr(trainer, entry)(model, dataloader(), ckpt_path=path)
+    with caplog.at_level(logging.INFO):
+        getattr(trainer, entry)(model, dataloader(), ckpt_path=path)
+    assert any(getattr(record, "turn", {}).get("reader") == "mmap" for record in caplog.records)  # it was mapped
     assert model.mapped == []
     assert torch.equal(model.sum_at_start, saved)

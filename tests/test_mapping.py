@@ -83,3 +83,28 @@ def test_what_a_module_kept_instead_of_copying_is_copied_out_and_nothing_else(tm
         assert torch.equal(tensor, mapped[key])
     assert outer.states[1] == "not a tensor"
     assert copy_modules_out_of_mapping([outer], storages) == 0  # nothing mapped is left
+
+
+def test_tied_weights_stay_tied_and_wrapper_subclasses_are_left_alone(tmp_path: Path) -> None:
+    """Two parameters assigned from one mapped storage (tied weights) share one private copy afterwards; a parameter
+    and a buffer of a wrapper subclass with no storage of its own (as ``DTensor``) are left as they are, no error."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    torch.save({"shared": torch.arange(8.0)}, tmp_path / "t.pt")
+    mapped = torch.load(tmp_path / "t.pt", mmap=True, weights_only=True)
+    storages = storages_of(mapped)
+    embedding, head = torch.nn.Module(), torch.nn.Module()
+    embedding.weight = torch.nn.Parameter(mapped["shared"][:4])  # as `load_state_dict(assign=True)` leaves them
+    head.weight = torch.nn.Parameter(mapped["shared"][:4])
+    wrapped = torch.nn.Module()
+    wrapped.weight = torch.nn.Parameter(TwoTensor(torch.ones(2), torch.ones(2)))
+    wrapped.register_buffer("scale", TwoTensor(torch.ones(1), torch.ones(1)))
+    weight, scale = wrapped.weight, wrapped.scale
+
+    copied = copy_modules_out_of_mapping([torch.nn.ModuleList([embedding, head, wrapped])], storages)
+
+    assert copied == 8 * 4  # the shared storage once
+    assert embedding.weight.untyped_storage().data_ptr() not in storages
+    assert embedding.weight.data_ptr() == head.weight.data_ptr()
+    assert torch.equal(head.weight, torch.arange(4.0))
+    assert wrapped.weight is weight and wrapped.scale is scale

@@ -21,6 +21,7 @@ from serialized_restore._restore.mapping import (
     copy_kept_out_of_mapping,
     copy_modules_out_of_mapping,
     copy_out_of_mapping,
+    module_containers,
     optimizer_containers,
     storages_of,
     wait_for_device_copies,
@@ -186,19 +187,23 @@ class SerializedFabricMixin:
 
     @staticmethod
     def _copy_kept(state: Any, remainder: Any, mapped: set[int]) -> int:
-        """Copy out of the mapping what the optimizers kept, the values put into ``state`` and the remainder, in one
-        walk: a tensor reachable from several of them gets one shared copy; then what the modules kept of their
-        weights instead of copying them (a persistent torchmetrics state)."""
+        """Copy out of the mapping what the optimizers kept, what the modules kept of their weights instead of copying
+        them (a persistent torchmetrics state), the values put into ``state`` and the remainder, in one walk: a tensor
+        reachable from several of them gets one shared copy."""
         if isinstance(state, torch.optim.Optimizer):
             return copy_kept_out_of_mapping([state], mapped)
         if isinstance(state, torch.nn.Module):
             return copy_modules_out_of_mapping([state], mapped)
-        containers, modules = [remainder], []
+        containers: list[Any] = [remainder]
+        modules: list[torch.nn.Module] = []
         if isinstance(state, dict):
             optimizers = [obj for obj in state.values() if isinstance(obj, torch.optim.Optimizer)]
             modules = [obj for obj in state.values() if isinstance(obj, torch.nn.Module)]
             containers += [*optimizer_containers(optimizers), state]
-        return copy_out_of_mapping(containers, mapped) + copy_modules_out_of_mapping(modules, mapped)
+        held, put_back = module_containers(modules, mapped)
+        copied = copy_out_of_mapping(containers + held, mapped)
+        put_back()
+        return copied
 
 
 class _AlreadyRead:
