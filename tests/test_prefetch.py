@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks._cache import CacheError, drop_cached
 from serialized_restore._files import resident_bytes
 from serialized_restore._restore.prefetch import CHUNK, Prefetch
 from tests.helpers.checks import assert_training_state_equal, run_ok
@@ -23,16 +24,11 @@ LOG = logging.getLogger("serialized_restore.test.prefetch")
 
 def _cold(path: Path) -> Path:
     """``path`` with none of its pages in the page cache (skips the test where the system cannot drop them)."""
-    for _ in range(5):
-        os.sync()
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        if resident_bytes(str(path)) == 0:
-            return path
-    pytest.skip("the page cache keeps this file's pages: no cold file to read")
+    try:
+        drop_cached(path)
+    except CacheError:
+        pytest.skip("the page cache keeps this file's pages: no cold file to read")
+    return path
 
 
 def _file(path: Path, size: int) -> Path:
